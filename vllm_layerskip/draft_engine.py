@@ -1,0 +1,230 @@
+"""The shared draft engine: the target model, run with a mask of skipped sub-layers.
+
+After each verify step, vLLM's runner hands us the tokens it just sampled. For
+every request that sampled one, the draft pass runs K one-token decode steps
+through the kept sub-layers of the target itself:
+
+- step j feeds the token at position p + j (p: the request's last sampled token)
+  and predicts the token at p + j + 1;
+- kept attention layers read the target's paged KV cache (positions < p hold the
+  full model's KV) and write the draft's own K/V at p + j into the lookahead slot
+  vLLM allocated there (see patches/config.py); the next verify pass overwrites
+  those slots with the full model's KV, so drafting needs no KV memory of its own;
+- requests stop independently: at their budget (K, or the room left before
+  max_model_len) or when the draft's top-1 probability falls under a threshold.
+
+Greedy requests take the draft's argmax. Sampled requests (temperature > 0) draw
+from the draft distribution q = softmax(logits / T) and q is handed to vLLM's
+rejection sampler, which accepts a draft x with probability min(1, p(x) / q(x))
+and otherwise resamples from max(0, p - q): the output distribution stays p.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from vllm.forward_context import set_forward_context
+from vllm.v1.attention.backend import CommonAttentionMetadata
+
+from vllm_layerskip.model_adapter import DecoderStack
+from vllm_layerskip.options import SkipMask
+
+
+@dataclass
+class DraftRequests:
+    """The requests that draft this step, as rows of the runner's input batch."""
+
+    rows: np.ndarray  # [num_drafting] input-batch row of each request
+    last_token: np.ndarray  # [num_drafting] the token just sampled (position p)
+    last_position: np.ndarray  # [num_drafting] p
+    budget: np.ndarray  # [num_drafting] most draft tokens allowed
+    temperature: np.ndarray  # [num_drafting] 0 for greedy
+
+
+@dataclass
+class DraftResult:
+    token_ids: list[list[int]]  # [num_reqs][<= K], per input-batch row
+    probs: torch.Tensor | None  # [num_reqs, K, vocab] draft q, None if all greedy
+    num_forward_steps: int  # draft forward passes run
+    top1_probs: list[list[float]]  # [num_reqs][<= K] draft confidence per token
+
+
+class DraftEngine:
+    def __init__(self, vllm_config, num_speculative_tokens: int):
+        self.vllm_config = vllm_config
+        self.num_speculative_tokens = num_speculative_tokens
+        self.stack: DecoderStack | None = None
+
+    def load_model(self, target_model: torch.nn.Module) -> None:
+        self.stack = DecoderStack.from_model(target_model)
+
+    @property
+    def num_layers(self) -> int:
+        assert self.stack is not None, "load_model() has not been called"
+        return self.stack.num_layers
+
+    # ---- which requests draft -------------------------------------------------
+
+    def select_requests(self, runner, sampled_token_ids: list[list[int]]) -> DraftRequests:
+        batch = runner.input_batch
+        # A request drafts once it has a freshly sampled token: rows still in a
+        # chunked prefill (or whose sample was discarded) have none this step.
+        rows = np.array(
+            [i for i, ids in enumerate(sampled_token_ids[: batch.num_reqs]) if ids],
+            dtype=np.int64,
+        )
+        last_position = batch.num_tokens_no_spec[rows].astype(np.int64) - 1
+        last_token = batch.token_ids_cpu[rows, last_position].astype(np.int64)
+        # Draft step j writes KV at p + j and predicts p + j + 1, which must stay
+        # below max_model_len.
+        room = runner.max_model_len - 1 - last_position
+        budget = np.clip(room, 0, self.num_speculative_tokens)
+        temperature = batch.temperature_cpu[rows].astype(np.float32)
+        return DraftRequests(rows, last_token, last_position, budget, temperature)
+
+    # ---- the draft loop -------------------------------------------------------
+
+    @torch.inference_mode()
+    def draft(
+        self,
+        runner,
+        requests: DraftRequests,
+        mask: SkipMask,
+        confidence_threshold: float = 0.0,
+    ) -> DraftResult:
+        assert self.stack is not None, "load_model() has not been called"
+        num_reqs = runner.input_batch.num_reqs
+        k = self.num_speculative_tokens
+        drafts: list[list[int]] = [[] for _ in range(num_reqs)]
+        top1s: list[list[float]] = [[] for _ in range(num_reqs)]
+        sampled_rows = requests.temperature > 0
+        probs = None
+        if sampled_rows.any():
+            vocab = runner.model_config.get_vocab_size()
+            probs = torch.zeros(num_reqs, k, vocab, dtype=torch.float32, device=runner.device)
+
+        active = np.flatnonzero(requests.budget > 0)  # indices into `requests`
+        tokens = requests.last_token.copy()
+        steps = 0
+        for step in range(k):
+            if active.size == 0:
+                break
+            positions = requests.last_position[active] + step
+            logits = self.forward(
+                runner, requests.rows[active], tokens[active], positions, mask, step
+            )
+            new_tokens, top1, q = self._choose(
+                logits, requests.temperature[active], requests.rows[active], runner
+            )
+            steps += 1
+            keep = []
+            for n, idx in enumerate(active):
+                row = int(requests.rows[idx])
+                drafts[row].append(int(new_tokens[n]))
+                top1s[row].append(float(top1[n]))
+                if q is not None and sampled_rows[idx]:
+                    probs[row, step] = q[n]
+                tokens[idx] = new_tokens[n]
+                done = (
+                    len(drafts[row]) >= requests.budget[idx]
+                    or top1[n] < confidence_threshold
+                )
+                if not done:
+                    keep.append(idx)
+            active = np.array(keep, dtype=np.int64)
+        return DraftResult(drafts, probs, steps, top1s)
+
+    def forward(
+        self,
+        runner,
+        rows: np.ndarray,  # [B] input-batch rows
+        input_ids: np.ndarray,  # [B]
+        positions: np.ndarray,  # [B]
+        mask: SkipMask,
+        draft_index: int = 0,
+        write_kv: bool = True,
+    ) -> torch.Tensor:  # [B, vocab] float32 logits
+        """One decode-shaped pass (one token per request) through the kept layers.
+
+        With write_kv=False nothing is written to the KV cache: attention still
+        reads the cache at the given positions, which suits re-scoring tokens
+        whose KV the target already computed.
+        """
+        device = runner.device
+        attn_metadata, slot_mapping = self._decode_metadata(
+            runner, rows, positions, draft_index, write_kv
+        )
+        ids_t = torch.from_numpy(input_ids).to(device=device, dtype=torch.int64)
+        pos_t = torch.from_numpy(positions).to(device=device, dtype=torch.int64)
+        with set_forward_context(
+            attn_metadata,
+            self.vllm_config,
+            num_tokens=len(rows),
+            slot_mapping=slot_mapping,
+        ):
+            hidden = self.stack.forward_masked(ids_t, pos_t, mask.run_attn, mask.run_mlp)
+            logits = self.stack.logits(hidden)
+        return logits.float()
+
+    def _decode_metadata(self, runner, rows, positions, draft_index, write_kv):
+        """Per-layer attention metadata and KV slots for one token per request."""
+        device = runner.device
+        num = len(rows)
+        rows_t = torch.from_numpy(rows).to(device)
+        pos_cpu = torch.from_numpy(positions.astype(np.int64))
+        pos_t = pos_cpu.to(device)
+        seq_lens_cpu = (pos_cpu + 1).to(torch.int32)
+        query_start_loc_cpu = torch.arange(num + 1, dtype=torch.int32)
+        per_layer_metadata: dict[str, object] = {}
+        per_layer_slots: dict[str, torch.Tensor] = {}
+        for gid, groups in enumerate(runner.attn_groups):
+            table = runner.input_batch.block_table[gid]
+            block_table = table.get_device_tensor(runner.input_batch.num_reqs)[rows_t]
+            block_size = table.block_size
+            block_ids = block_table.gather(1, (pos_t // block_size).unsqueeze(1)).squeeze(1)
+            slots = block_ids.to(torch.int64) * block_size + pos_t % block_size
+            common = CommonAttentionMetadata(
+                query_start_loc=query_start_loc_cpu.to(device),
+                query_start_loc_cpu=query_start_loc_cpu,
+                seq_lens=seq_lens_cpu.to(device),
+                seq_lens_cpu_upper_bound=seq_lens_cpu,
+                num_reqs=num,
+                num_actual_tokens=num,
+                max_query_len=1,
+                max_seq_len=int(seq_lens_cpu.max()),
+                block_table_tensor=block_table,
+                slot_mapping=slots,
+                causal=True,
+                positions=pos_t,
+                is_prefilling=torch.zeros(num, dtype=torch.bool, device=device),
+            )
+            for group in groups:
+                metadata = group.build_metadata_for_drafting(common, draft_index)
+                for name in group.layer_names:
+                    per_layer_metadata[name] = metadata
+                    if write_kv:
+                        per_layer_slots[name] = slots
+        return per_layer_metadata, per_layer_slots
+
+    @staticmethod
+    def _choose(logits, temperature, rows, runner):
+        """Pick each row's draft token: argmax if greedy, else a draw from q."""
+        greedy_probs = torch.softmax(logits, dim=-1)
+        top1, argmax = greedy_probs.max(dim=-1)
+        if not (temperature > 0).any():
+            return argmax.cpu().numpy(), top1.cpu().numpy(), None
+        temp = torch.from_numpy(np.where(temperature > 0, temperature, 1.0)).to(logits.device)
+        q = torch.softmax(logits / temp.unsqueeze(1), dim=-1)
+        # Exponential race: argmax(q / E) with E ~ Exp(1) is a draw from q.
+        noise = torch.empty_like(q)
+        generators = runner.input_batch.generators
+        for n, row in enumerate(rows):
+            gen = generators.get(int(row))
+            noise[n].exponential_(generator=gen)
+        drawn = (q / noise).argmax(dim=-1)
+        is_sampled = torch.from_numpy(temperature > 0).to(logits.device)
+        tokens = torch.where(is_sampled, drawn, argmax)
+        top1 = torch.where(is_sampled, q.max(dim=-1).values, top1)
+        return tokens.cpu().numpy(), top1.cpu().numpy(), q

@@ -1,0 +1,91 @@
+"""Patches of vLLM, one module per vLLM area, applied in a fixed order.
+
+A patch replaces one attribute of a vLLM class, keeps the original as
+`_layerskip_orig_<name>` for the wrapper to call, and refuses to patch the same
+attribute twice. Each patch declares the signature it was written against;
+`check_signatures()` compares it with the installed vLLM at start-up so that a
+changed vLLM fails loudly instead of misbehaving.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+logger = logging.getLogger("vllm.layerskip")
+
+
+@dataclass
+class Patch:
+    target: type
+    name: str
+    replacement: Any
+    # Parameter names of the original, as the wrapper expects them (None: not a
+    # function, e.g. a property).
+    expected_params: tuple[str, ...] | None = None
+
+    @property
+    def orig_attr(self) -> str:
+        return f"_layerskip_orig_{self.name}"
+
+    def signature_problem(self) -> str | None:
+        original = self.target.__dict__.get(self.name)
+        if original is None:
+            return f"{self.target.__qualname__}.{self.name} does not exist"
+        if self.expected_params is None:
+            return None
+        params = tuple(inspect.signature(original).parameters)
+        if params != self.expected_params:
+            return (
+                f"{self.target.__qualname__}.{self.name} has parameters {params}, "
+                f"expected {self.expected_params}"
+            )
+        return None
+
+    def apply(self) -> None:
+        if self.orig_attr in self.target.__dict__:
+            raise RuntimeError(
+                f"vllm_layerskip: {self.target.__qualname__}.{self.name} is already "
+                "patched; patches must be applied once per process."
+            )
+        setattr(self.target, self.orig_attr, self.target.__dict__[self.name])
+        setattr(self.target, self.name, self.replacement)
+        logger.debug("vllm_layerskip patched %s.%s", self.target.__qualname__, self.name)
+
+
+def all_patches() -> list[Patch]:
+    # Imported here: the patch modules import vLLM, and the version gate must
+    # run before any of that.
+    from vllm_layerskip.patches import config, model_runner
+
+    # Order: config first (the front end builds the SpeculativeConfig, the
+    # engine core reads num_lookahead_tokens), then the worker side.
+    return [*config.patches(), *model_runner.patches()]
+
+
+_applied = False
+
+
+def check_signatures() -> list[str]:
+    return [p for p in (patch.signature_problem() for patch in all_patches()) if p]
+
+
+def apply_all() -> None:
+    global _applied
+    if _applied:
+        return
+    problems = check_signatures()
+    if problems:
+        raise RuntimeError(
+            "vllm_layerskip cannot patch this vLLM: " + "; ".join(problems) + ". "
+            "Install a supported vLLM version (see vllm_layerskip.SUPPORTED_VLLM_VERSIONS)."
+        )
+    for patch in all_patches():
+        patch.apply()
+    _applied = True
+
+
+def call_original(target: type, name: str) -> Callable:
+    return getattr(target, f"_layerskip_orig_{name}")

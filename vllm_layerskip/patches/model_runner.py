@@ -1,0 +1,73 @@
+"""Model-runner patch: give layer-skip drafters the runner's state.
+
+1. `GPUModelRunner.propose_draft_token_ids` (CPUModelRunner inherits it): vLLM's
+   custom_class path passes a drafter token ids only, but a layer-skip draft needs
+   the model, the input batch (positions, block tables, sampling parameters) and
+   the attention groups, and must hand back draft probabilities for sampled
+   requests. For a layer-skip drafter this calls `propose_from_runner(runner, ...)`
+   and sets the runner's `_draft_probs` / `_draft_prob_req_ids`, which vLLM's
+   rejection sampler reads on the next step. Other drafters take vLLM's own path.
+"""
+
+from __future__ import annotations
+
+from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+from vllm_layerskip.patches import Patch, call_original
+
+
+def propose_draft_token_ids(
+    self,
+    scheduler_output,
+    sampled_token_ids,
+    sampling_metadata,
+    hidden_states,
+    sample_hidden_states,
+    aux_hidden_states,
+    spec_decode_metadata,
+    common_attn_metadata,
+    slot_mappings,
+):
+    from vllm_layerskip.proposers.base import LayerSkipProposerBase
+
+    if not isinstance(getattr(self, "drafter", None), LayerSkipProposerBase):
+        return call_original(GPUModelRunner, "propose_draft_token_ids")(
+            self,
+            scheduler_output,
+            sampled_token_ids,
+            sampling_metadata,
+            hidden_states,
+            sample_hidden_states,
+            aux_hidden_states,
+            spec_decode_metadata,
+            common_attn_metadata,
+            slot_mappings,
+        )
+    result = self.drafter.propose_from_runner(self, sampled_token_ids)
+    self._draft_probs = result.probs
+    self._draft_prob_req_ids = (
+        None if result.probs is None else list(self.input_batch.req_ids)
+    )
+    return result.token_ids
+
+
+def patches() -> list[Patch]:
+    return [
+        Patch(
+            GPUModelRunner,
+            "propose_draft_token_ids",
+            propose_draft_token_ids,
+            expected_params=(
+                "self",
+                "scheduler_output",
+                "sampled_token_ids",
+                "sampling_metadata",
+                "hidden_states",
+                "sample_hidden_states",
+                "aux_hidden_states",
+                "spec_decode_metadata",
+                "common_attn_metadata",
+                "slot_mappings",
+            ),
+        )
+    ]

@@ -1,0 +1,1 @@
+"""One proposer per method; each builds on `base.LayerSkipProposerBase`."""
