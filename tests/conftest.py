@@ -1,0 +1,50 @@
+"""Shared fixtures. Engines are expensive (~20 s each on this CPU), so every
+engine a test module needs is built once per module and shut down after it."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Before vLLM is imported anywhere: a small KV cache suits this 24 GB machine,
+# and tests must not pick up a user's plugin selection.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.pop("VLLM_PLUGINS", None)
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+# Engine settings every test engine shares: float32 because exactness is only
+# defined there (bf16 verify-vs-decode rounding differs even for vLLM's ngram),
+# eager because compile time is not under test.
+ENGINE_DEFAULTS = dict(dtype="float32", enforce_eager=True, disable_log_stats=False, seed=0)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> str:
+    from vllm_layerskip.default_model import ensure_default_model
+
+    return ensure_default_model(quiet=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, smollm2_path):
+    """Builds tiny random models on demand: tiny_model_dir(family) -> path."""
+    from tiny_models import make_tiny_model
+
+    root = tmp_path_factory.mktemp("tiny_models")
+
+    def build(family: str, num_layers: int = 4) -> str:
+        return make_tiny_model(
+            family, str(root / f"{family}-{num_layers}"), num_layers=num_layers,
+            tokenizer_src=smollm2_path,
+        )
+
+    return build
+
+
+def make_llm(model: str, speculative_config: dict | None = None, **kwargs):
+    from vllm import LLM
+
+    return LLM(model=model, speculative_config=speculative_config, **{**ENGINE_DEFAULTS, **kwargs})

@@ -1,0 +1,90 @@
+"""float32 greedy outputs with `layer_skip` are token-for-token those of plain vLLM
+on SmolLM2-135M-Instruct: several skip sets (whole layers and attention/MLP
+sub-layers), K in {1, 4, 8}, batch 1 and a batch of 8 prompts of very different
+lengths, one of which runs into max_model_len."""
+
+import pytest
+from conftest import make_llm
+from vllm import SamplingParams
+
+from vllm_layerskip.measure import chat_prompts, load_spec_bench, shutdown, spec_decode_counters
+
+MAX_MODEL_LEN = 512
+SHORT_TOKENS = 40
+
+
+def workload(llm):
+    questions = [q["prompt"] for q in load_spec_bench(per_category=1)][:7]
+    prompts = chat_prompts(llm, questions)
+    # A long prompt (~400 tokens) whose generation must stop at max_model_len.
+    story = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog." for i in range(26))
+    prompts.append(chat_prompts(llm, [f"Continue this text forever.\n{story}"])[0])
+    params = [SamplingParams(temperature=0, max_tokens=SHORT_TOKENS)] * 7
+    params.append(SamplingParams(temperature=0, max_tokens=MAX_MODEL_LEN))
+    return prompts, params
+
+
+def run(llm):
+    prompts, params = workload(llm)
+    batch = llm.generate(prompts, params, use_tqdm=False)
+    single = llm.generate(prompts[3:4], params[3:4], use_tqdm=False)
+    return {
+        "batch": [list(o.outputs[0].token_ids) for o in batch],
+        "single": list(single[0].outputs[0].token_ids),
+        "long_total": len(batch[-1].prompt_token_ids) + len(batch[-1].outputs[0].token_ids),
+        "long_finish": batch[-1].outputs[0].finish_reason,
+        "prompt_lens": [len(o.prompt_token_ids) for o in batch],
+    }
+
+
+@pytest.fixture(scope="module")
+def plain(smollm2_path):
+    llm = make_llm(smollm2_path, max_model_len=MAX_MODEL_LEN)
+    out = run(llm)
+    shutdown(llm)
+    return out
+
+
+CONFIGS = {
+    "K1-whole-layers": {"num_speculative_tokens": 1, "skip_layers": [10, 12, 14, 16]},
+    "K4-sublayers": {"num_speculative_tokens": 4, "skip_attn": [5, 9, 13, 17, 21],
+                     "skip_mlp": [7, 11, 15, 19, 23]},
+    "K8-ratio-confidence": {"num_speculative_tokens": 8, "skip_ratio": 0.3,
+                            "draft_confidence_threshold": 0.5},
+    "K4-nothing-skipped": {"num_speculative_tokens": 4},
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_layer_skip_greedy_parity(smollm2_path, plain, name):
+    config = {"method": "layer_skip", **CONFIGS[name]}
+    k = config["num_speculative_tokens"]
+    llm = make_llm(smollm2_path, speculative_config=config, max_model_len=MAX_MODEL_LEN)
+    try:
+        out = run(llm)
+        counters = spec_decode_counters(llm)
+    finally:
+        shutdown(llm)
+
+    # The workload is what we think it is: very different prompt lengths.
+    assert max(plain["prompt_lens"]) > 5 * min(plain["prompt_lens"])
+    assert plain["long_total"] == MAX_MODEL_LEN and plain["long_finish"] == "length"
+
+    assert out["batch"] == plain["batch"]
+    assert out["single"] == plain["single"]
+    assert out["long_total"] == MAX_MODEL_LEN and out["long_finish"] == "length"
+
+    # Speculation really ran, within K per step.
+    assert counters.drafts > 20
+    assert counters.draft_tokens <= k * counters.drafts
+    assert len(counters.accepted_per_pos) == k
+    if name == "K4-nothing-skipped":
+        # A K-step draft through every layer predicts exactly what the target
+        # would: only possible if the draft reads the target's KV for the
+        # context and its own KV for earlier draft positions.
+        assert counters.acceptance_rate >= 0.95, counters
+    if name == "K8-ratio-confidence":
+        # Early stop on low confidence: many drafts shorter than K.
+        assert counters.draft_tokens < 0.8 * k * counters.drafts, counters
+    if name == "K1-whole-layers":
+        assert counters.draft_tokens == counters.drafts

@@ -1,0 +1,109 @@
+"""Bad speculative configs fail at start-up, through vLLM's own EngineArgs path
+(the one behind `vllm serve`, `LLM(...)` and `vllm bench`), with a message that
+names what was wrong."""
+
+import json
+import os
+
+import pytest
+
+from vllm_layerskip.options import LayerSkipConfigError
+
+
+def engine_config(model, speculative_config, **kwargs):
+    from vllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs(
+        model=model, dtype="float32", speculative_config=speculative_config, **kwargs
+    ).create_engine_config()
+
+
+def test_good_config_maps_to_our_proposer_and_reserves_lookahead(smollm2_path):
+    config = engine_config(
+        smollm2_path,
+        {"method": "layer_skip", "num_speculative_tokens": 6, "skip_layers": [10, 12, 14, 16]},
+    )
+    spec = config.speculative_config
+    assert spec.method == "custom_class"
+    assert spec.model == "vllm_layerskip.proposers.layer_skip.LayerSkipProposer"
+    assert spec.layerskip.method == "layer_skip"
+    assert spec.layerskip.options.skip_layers == (10, 12, 14, 16)
+    # Draft KV goes into lookahead slots the scheduler must allocate.
+    assert config.num_lookahead_tokens == 6
+
+
+@pytest.mark.parametrize(
+    "speculative_config,message",
+    [
+        ({"method": "layer_skip", "num_speculative_tokens": 4, "skip_layers": [29, 30]},
+         "'skip_layers' has layer indices [30] outside the model, which has 30 decoder layers"),
+        ({"method": "layer_skip", "num_speculative_tokens": 4, "skip_attn": [-1]},
+         "'skip_attn' has layer indices [-1] outside the model"),
+        ({"method": "layer_skip", "num_speculative_tokens": 4, "skip_layers": list(range(30))},
+         "skips every attention and MLP sub-layer"),
+        ({"method": "layer_skip", "num_speculative_tokens": 4, "skip_ratio": 1.0},
+         "'skip_ratio' must be in [0, 1), got 1.0"),
+        ({"method": "layer_skip", "num_speculative_tokens": 4, "skip_ratios": 0.3},
+         "Unknown key(s) in the speculative config for method 'layer_skip': 'skip_ratios' (did you mean 'skip_ratio'?)"),
+        ({"method": "layer_skip", "num_speculative_tokens": 4, "draft_confidence_threshold": -0.5},
+         "'draft_confidence_threshold' must be in [0, 1], got -0.5"),
+        ({"method": "layer_skip"}, "Method 'layer_skip' needs 'num_speculative_tokens'"),
+        ({"method": "layer_skip", "num_speculative_tokens": 0}, "'num_speculative_tokens' must be a positive integer, got 0"),
+        ({"method": "swift", "num_speculative_tokens": 4},
+         "Speculative method 'swift' of vllm-layerskip is not available yet"),
+    ],
+)
+def test_bad_config_fails_at_startup(smollm2_path, speculative_config, message):
+    with pytest.raises(LayerSkipConfigError) as e:
+        engine_config(smollm2_path, speculative_config)
+    assert message in str(e.value)
+
+
+def test_unsupported_architecture(tmp_path):
+    # A GPT-2 config: vLLM knows the architecture, the plugin does not.
+    config = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 64,
+              "n_head": 2, "n_layer": 2, "n_positions": 128, "vocab_size": 128}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(LayerSkipConfigError) as e:
+        engine_config(str(tmp_path), {"method": "layer_skip", "num_speculative_tokens": 2},
+                      skip_tokenizer_init=True)
+    assert "does not support architecture ['GPT2LMHeadModel']" in str(e.value)
+    assert "Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM" in str(e.value)
+
+
+def test_pipeline_parallel_is_refused(smollm2_path):
+    with pytest.raises(LayerSkipConfigError, match="does not support pipeline parallelism"):
+        engine_config(smollm2_path, {"method": "layer_skip", "num_speculative_tokens": 2},
+                      pipeline_parallel_size=2)
+
+
+def test_native_methods_untouched(smollm2_path):
+    config = engine_config(smollm2_path, {"method": "ngram", "num_speculative_tokens": 3,
+                                          "prompt_lookup_max": 3})
+    assert config.speculative_config.method == "ngram"
+    assert getattr(config.speculative_config, "layerskip", None) is None
+    assert config.num_lookahead_tokens == 0
+
+
+def test_version_gate(monkeypatch):
+    from vllm_layerskip import ALLOW_ANY_VERSION_ENV, check_vllm_version
+
+    check_vllm_version("0.32.0")
+    check_vllm_version("0.32.0+cpu")
+    monkeypatch.delenv(ALLOW_ANY_VERSION_ENV, raising=False)
+    with pytest.raises(RuntimeError, match=r"supports vLLM 0.32.0, but vLLM 0.31.1 is installed"):
+        check_vllm_version("0.31.1")
+    monkeypatch.setenv(ALLOW_ANY_VERSION_ENV, "1")
+    check_vllm_version("0.31.1")
+
+
+def test_patched_signatures_match_installed_vllm():
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from vllm_layerskip.patches import Patch, check_signatures
+
+    assert check_signatures() == []
+    stale = Patch(GPUModelRunner, "propose_draft_token_ids", None, expected_params=("self", "x"))
+    assert "GPUModelRunner.propose_draft_token_ids has parameters" in stale.signature_problem()
+    missing = Patch(GPUModelRunner, "no_such_method", None)
+    assert missing.signature_problem() == "GPUModelRunner.no_such_method does not exist"
