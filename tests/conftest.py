@@ -35,10 +35,11 @@ def tiny_model_dir(tmp_path_factory, smollm2_path):
 
     root = tmp_path_factory.mktemp("tiny_models")
 
-    def build(family: str, num_layers: int = 4) -> str:
+    def build(family: str, num_layers: int = 4, **kwargs) -> str:
+        suffix = "".join(f"-{k}{v}" for k, v in sorted(kwargs.items()))
         return make_tiny_model(
-            family, str(root / f"{family}-{num_layers}"), num_layers=num_layers,
-            tokenizer_src=smollm2_path,
+            family, str(root / f"{family}-{num_layers}{suffix}"), num_layers=num_layers,
+            tokenizer_src=smollm2_path, **kwargs,
         )
 
     return build

@@ -133,3 +133,16 @@ def shutdown(llm) -> None:
         core.shutdown()
     del llm
     gc.collect()
+
+
+def _drafter_stats(worker) -> dict:
+    drafter = getattr(worker.model_runner, "drafter", None)
+    stats = getattr(drafter, "stats", None)
+    return stats.as_dict() if stats is not None else {}
+
+
+def proposer_stats(llm) -> dict:
+    """The layer-skip proposer's counters from the (first) worker, e.g. the time
+    spent drafting. Needs VLLM_ALLOW_INSECURE_SERIALIZATION=1 set before the LLM
+    is built, since it sends a function to the worker."""
+    return llm.collective_rpc(_drafter_stats)[0]

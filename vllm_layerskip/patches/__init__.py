@@ -27,19 +27,24 @@ class Patch:
     expected_params: tuple[str, ...] | None = None
 
     @property
+    def qualname(self) -> str:
+        owner = getattr(self.target, "__qualname__", None) or self.target.__name__
+        return f"{owner}.{self.name}"
+
+    @property
     def orig_attr(self) -> str:
         return f"_layerskip_orig_{self.name}"
 
     def signature_problem(self) -> str | None:
         original = self.target.__dict__.get(self.name)
         if original is None:
-            return f"{self.target.__qualname__}.{self.name} does not exist"
+            return f"{self.qualname} does not exist"
         if self.expected_params is None:
             return None
         params = tuple(inspect.signature(original).parameters)
         if params != self.expected_params:
             return (
-                f"{self.target.__qualname__}.{self.name} has parameters {params}, "
+                f"{self.qualname} has parameters {params}, "
                 f"expected {self.expected_params}"
             )
         return None
@@ -47,22 +52,22 @@ class Patch:
     def apply(self) -> None:
         if self.orig_attr in self.target.__dict__:
             raise RuntimeError(
-                f"vllm_layerskip: {self.target.__qualname__}.{self.name} is already "
+                f"vllm_layerskip: {self.qualname} is already "
                 "patched; patches must be applied once per process."
             )
         setattr(self.target, self.orig_attr, self.target.__dict__[self.name])
         setattr(self.target, self.name, self.replacement)
-        logger.debug("vllm_layerskip patched %s.%s", self.target.__qualname__, self.name)
+        logger.debug("vllm_layerskip patched %s", self.qualname)
 
 
 def all_patches() -> list[Patch]:
     # Imported here: the patch modules import vLLM, and the version gate must
     # run before any of that.
-    from vllm_layerskip.patches import config, model_runner
+    from vllm_layerskip.patches import config, cpu_sampler, model_runner
 
     # Order: config first (the front end builds the SpeculativeConfig, the
     # engine core reads num_lookahead_tokens), then the worker side.
-    return [*config.patches(), *model_runner.patches()]
+    return [*config.patches(), *model_runner.patches(), *cpu_sampler.patches()]
 
 
 _applied = False

@@ -1,0 +1,89 @@
+"""At temperature 1 the output distribution with `layer_skip` is the target's.
+
+Drafts are sampled from the draft distribution q and vLLM's rejection sampler
+accepts them with probability min(1, p/q), resampling from max(0, p - q)
+otherwise. A bug anywhere in that chain (wrong q handed over, drafts not drawn
+from q, misaligned rows) shifts the distribution of the tokens that follow a
+draft. On a tiny random model with peaked next-token distributions we draw many
+fixed-seed samples with and without speculation and compare the token
+distributions at the drafted positions with a chi-square two-sample test.
+"""
+
+import numpy as np
+import pytest
+from conftest import make_llm
+from scipy.stats import chi2_contingency
+from vllm import SamplingParams
+
+from vllm_layerskip.measure import shutdown, spec_decode_counters
+
+NUM_SAMPLES = 1500
+NUM_TOKENS = 4
+PROMPT = "The old lighthouse keeper"
+# Significance per position; three positions are tested (Bonferroni ~0.003).
+ALPHA = 0.001
+
+
+def sample(llm, temperature=1.0):
+    params = [SamplingParams(temperature=temperature, max_tokens=NUM_TOKENS, seed=i,
+                             ignore_eos=True) for i in range(NUM_SAMPLES)]
+    outs = llm.generate([PROMPT] * NUM_SAMPLES, params, use_tqdm=False)
+    return np.array([list(o.outputs[0].token_ids) for o in outs])
+
+
+def two_sample_p_value(a: np.ndarray, b: np.ndarray) -> float:
+    """Chi-square test that two samples of token ids come from one distribution.
+    Tokens seen fewer than 10 times in total are pooled into one bin."""
+    tokens, counts = np.unique(np.concatenate([a, b]), return_counts=True)
+    frequent = set(tokens[counts >= 10].tolist())
+    keys = sorted(frequent) + ["rare"]
+    table = np.zeros((2, len(keys)))
+    for row, sample_ in enumerate((a, b)):
+        for t in sample_.tolist():
+            table[row, keys.index(t if t in frequent else "rare")] += 1
+    table = table[:, table.sum(axis=0) > 0]
+    return chi2_contingency(table)[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tiny_model_dir):
+    # Small residual updates: a draft with skipped sub-layers agrees with the
+    # target part of the time, so both accept and reject paths run.
+    return tiny_model_dir("llama", num_layers=4, out_proj_std=0.03)
+
+
+@pytest.fixture(scope="module")
+def plain_samples(tiny_llama):
+    llm = make_llm(tiny_llama, max_model_len=256)
+    samples = {t: sample(llm, t) for t in (1.0, 0.7)}
+    shutdown(llm)
+    return samples
+
+
+def test_sampling_distribution_matches_plain(tiny_llama, plain_samples):
+    config = {"method": "layer_skip", "num_speculative_tokens": 3,
+              "skip_attn": [1], "skip_mlp": [2]}
+    llm = make_llm(tiny_llama, speculative_config=config, max_model_len=256)
+    try:
+        spec = sample(llm, 1.0)
+        counters = spec_decode_counters(llm)
+    finally:
+        shutdown(llm)
+
+    plain = plain_samples[1.0]
+    # The rejection path really ran: drafts were proposed, some rejected.
+    assert counters.draft_tokens > NUM_SAMPLES
+    assert 0.05 < counters.acceptance_rate < 0.95, counters
+
+    for pos in range(1, NUM_TOKENS):  # position 0 comes from the prefill, no draft
+        p = two_sample_p_value(plain[:, pos], spec[:, pos])
+        assert p > ALPHA, f"token distribution at position {pos} differs (p={p:.2e})"
+
+
+def test_distribution_test_has_power(plain_samples):
+    """The same test tells temperature 1 from temperature 0.7 apart."""
+    p_values = [
+        two_sample_p_value(plain_samples[1.0][:, pos], plain_samples[0.7][:, pos])
+        for pos in range(1, NUM_TOKENS)
+    ]
+    assert min(p_values) < 1e-6, p_values
