@@ -1,0 +1,130 @@
+"""`vllm serve` as a real process on loopback with method layer_skip: the OpenAI
+client gets a chat completion and a streamed completion, the Prometheus endpoint
+shows the spec-decode counters, and a bad config stops the server at start-up
+with the plugin's message."""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+VLLM = os.path.join(os.path.dirname(sys.executable), "vllm")
+SPEC = {"method": "layer_skip", "num_speculative_tokens": 4, "skip_ratio": 0.2}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_command(model, port, spec):
+    return [VLLM, "serve", model, "--host", "127.0.0.1", "--port", str(port),
+            "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024",
+            "--seed", "0", "--speculative-config", json.dumps(spec)]
+
+
+def get(url, timeout=5):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.status, r.read().decode()
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_path, tmp_path_factory):
+    port = free_port()
+    log = open(tmp_path_factory.mktemp("serve") / "server.log", "w+")
+    proc = subprocess.Popen(serve_command(smollm2_path, port, SPEC), stdout=log,
+                            stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            log.seek(0)
+            pytest.fail(f"vllm serve exited with {proc.returncode}:\n{log.read()[-4000:]}")
+        try:
+            if get(base + "/health")[0] == 200:
+                break
+        except (urllib.error.URLError, ConnectionError, OSError):
+            time.sleep(1)
+    else:
+        proc.kill()
+        pytest.fail("vllm serve did not become healthy within 240 s")
+    yield base, smollm2_path
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+def client(base):
+    from openai import OpenAI
+
+    return OpenAI(base_url=base + "/v1", api_key="unused")
+
+
+def test_chat_completion(server):
+    base, model = server
+    reply = client(base).chat.completions.create(
+        model=model, temperature=0, max_tokens=32,
+        messages=[{"role": "user", "content": "What is the capital of France?"}])
+    assert "Paris" in reply.choices[0].message.content
+    assert reply.usage.completion_tokens > 0
+
+
+def test_streamed_completion_equals_unstreamed(server):
+    base, model = server
+    c = client(base)
+    prompt = "def fibonacci(n):\n"
+    whole = c.completions.create(model=model, prompt=prompt, temperature=0, max_tokens=48)
+    chunks = c.completions.create(model=model, prompt=prompt, temperature=0, max_tokens=48,
+                                  stream=True)
+    streamed = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+    assert len(streamed) > 20
+    assert streamed == whole.choices[0].text
+
+
+def metric(text, name):
+    values = [float(v) for v in re.findall(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", text, re.M)]
+    assert values, f"{name} not in /metrics"
+    return sum(values)
+
+
+def test_prometheus_spec_decode_counters(server):
+    base, model = server
+    client(base).completions.create(model=model, prompt="Once upon a time", temperature=0,
+                                    max_tokens=32)
+    _, text = get(base + "/metrics")
+    drafts = metric(text, "vllm:spec_decode_num_drafts_total")
+    draft_tokens = metric(text, "vllm:spec_decode_num_draft_tokens_total")
+    accepted = metric(text, "vllm:spec_decode_num_accepted_tokens_total")
+    assert drafts > 0 and draft_tokens > 0 and accepted > 0
+    assert draft_tokens <= SPEC["num_speculative_tokens"] * drafts
+    assert accepted <= draft_tokens
+
+
+def test_malformed_request_gets_4xx(server):
+    base, _ = server
+    req = urllib.request.Request(base + "/v1/completions", data=b'{"prompt": 5, "max_tokens": "many"}',
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=10)
+    assert 400 <= e.value.code < 500
+    assert get(base + "/health")[0] == 200
+
+
+def test_bad_config_stops_serve_at_startup(smollm2_path):
+    bad = {"method": "layer_skip", "num_speculative_tokens": 4, "skip_layers": [31]}
+    proc = subprocess.run(serve_command(smollm2_path, free_port(), bad), capture_output=True,
+                          text=True, timeout=180)
+    assert proc.returncode != 0
+    assert "'skip_layers' has layer indices [31] outside the model, which has 30 decoder layers" in (
+        proc.stdout + proc.stderr)
