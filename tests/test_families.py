@@ -23,7 +23,7 @@ def test_family_parity(tiny_model_dir, family):
     plain = generate(llm)
     shutdown(llm)
 
-    config = {"method": "layer_skip", "num_speculative_tokens": 3, "skip_attn": [2], "skip_mlp": [1]}
+    config = {"method": "layer_skip", "num_speculative_tokens": 3, "adaptive_draft_length": False, "skip_attn": [2], "skip_mlp": [1]}
     llm = make_llm(path, speculative_config=config, max_model_len=256)
     try:
         spec = generate(llm)

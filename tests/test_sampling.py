@@ -61,7 +61,7 @@ def plain_samples(tiny_llama):
 
 
 def test_sampling_distribution_matches_plain(tiny_llama, plain_samples):
-    config = {"method": "layer_skip", "num_speculative_tokens": 3,
+    config = {"method": "layer_skip", "num_speculative_tokens": 3, "adaptive_draft_length": False,
               "skip_attn": [1], "skip_mlp": [2]}
     llm = make_llm(tiny_llama, speculative_config=config, max_model_len=256)
     try:

@@ -50,6 +50,10 @@ class DraftResult:
     num_forward_steps: int  # draft forward passes run
     top1_probs: list[list[float]]  # [num_reqs][<= K] draft confidence per token
 
+    @property
+    def num_draft_tokens(self) -> int:
+        return sum(len(t) for t in self.token_ids)
+
 
 class DraftEngine:
     def __init__(self, vllm_config, num_speculative_tokens: int):

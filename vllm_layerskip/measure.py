@@ -137,12 +137,11 @@ def shutdown(llm) -> None:
 
 def _drafter_stats(worker) -> dict:
     drafter = getattr(worker.model_runner, "drafter", None)
-    stats = getattr(drafter, "stats", None)
-    return stats.as_dict() if stats is not None else {}
+    return drafter.status() if hasattr(drafter, "status") else {}
 
 
 def proposer_stats(llm) -> dict:
-    """The layer-skip proposer's counters from the (first) worker, e.g. the time
-    spent drafting. Needs VLLM_ALLOW_INSECURE_SERIALIZATION=1 set before the LLM
+    """The layer-skip proposer's counters from the (first) worker: time spent
+    drafting, forward steps, and the cost model's decisions. Needs VLLM_ALLOW_INSECURE_SERIALIZATION=1 set before the LLM
     is built, since it sends a function to the worker."""
     return llm.collective_rpc(_drafter_stats)[0]

@@ -42,6 +42,11 @@ class LayerSkipOptions:
     layers (first and last layer kept). Used when no explicit set is given."""
     draft_confidence_threshold: float = 0.0
     """Stop a request's draft once the draft's top-1 probability is below this."""
+    adaptive_draft_length: bool = True
+    """Choose each step's draft length (0 = no drafting) from measured costs and
+    acceptance, so speculation never makes decoding slower (cost_model.py)."""
+    probe_interval: int = 16
+    """While drafting does not pay: steps between probes (doubling up to 512)."""
 
     def __post_init__(self):
         for key in ("skip_layers", "skip_attn", "skip_mlp"):
@@ -72,6 +77,15 @@ class LayerSkipOptions:
                     "explicit set."
                 )
         _check_probability("draft_confidence_threshold", self.draft_confidence_threshold)
+        if not isinstance(self.adaptive_draft_length, bool):
+            raise LayerSkipConfigError(
+                f"'adaptive_draft_length' must be true or false, got {self.adaptive_draft_length!r}."
+            )
+        p = self.probe_interval
+        if isinstance(p, bool) or not isinstance(p, int) or p < 1:
+            raise LayerSkipConfigError(
+                f"'probe_interval' must be a positive integer (steps), got {p!r}."
+            )
 
 
 def _check_probability(key: str, value: Any) -> None:

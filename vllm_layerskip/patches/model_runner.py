@@ -43,7 +43,7 @@ def propose_draft_token_ids(
             common_attn_metadata,
             slot_mappings,
         )
-    result = self.drafter.propose_from_runner(self, sampled_token_ids)
+    result = self.drafter.propose_from_runner(self, sampled_token_ids, scheduler_output)
     self._draft_probs = result.probs
     self._draft_prob_req_ids = (
         None if result.probs is None else list(self.input_batch.req_ids)

@@ -1,15 +1,21 @@
 """What every layer-skip proposer shares: construction from the vLLM config, the
-draft engine, and the entry point the model-runner patch calls."""
+draft engine, the draft-length cost model, and the entry point the model-runner
+patch calls."""
 
 from __future__ import annotations
 
 import logging
 import time
 
-from vllm_layerskip.draft_engine import DraftEngine, DraftResult
+import numpy as np
+
+from vllm_layerskip.cost_model import DraftLengthPolicy
+from vllm_layerskip.draft_engine import DraftRequests, DraftResult, DraftEngine
 from vllm_layerskip.patches.config import get_selection
 
 logger = logging.getLogger("vllm.layerskip")
+
+LOG_INTERVAL_S = 30.0
 
 
 class LayerSkipProposerBase:
@@ -17,7 +23,8 @@ class LayerSkipProposerBase:
 
     vLLM builds it from `speculative_config.model` (the `custom_class` path),
     calls `load_model(target_model)` once, and, through patches/model_runner.py,
-    `propose_from_runner(...)` after every step that sampled tokens.
+    `propose_from_runner(...)` after every step that sampled tokens. Subclasses
+    implement `draft(runner, requests)`.
     """
 
     def __init__(self, vllm_config):
@@ -33,8 +40,19 @@ class LayerSkipProposerBase:
         self.vllm_config = vllm_config
         self.method = selection.method
         self.options = selection.options
+        self.num_speculative_tokens = spec.num_speculative_tokens
         self.engine = DraftEngine(vllm_config, spec.num_speculative_tokens)
+        self.policy = (
+            DraftLengthPolicy(spec.num_speculative_tokens, self.options.probe_interval)
+            if self.options.adaptive_draft_length
+            else None
+        )
         self.stats = ProposerStats()
+        # What the last call drafted, to learn acceptance and verify cost from the
+        # step that verified it.
+        self._last_drafted: dict[str, int] = {}
+        self._last_end: float | None = None
+        self._last_log = time.monotonic()
 
     def load_model(self, target_model) -> None:
         self.engine.load_model(target_model)
@@ -51,15 +69,63 @@ class LayerSkipProposerBase:
             "patch; was the plugin loaded (vllm.general_plugins entry point)?"
         )
 
-    def propose_from_runner(self, runner, sampled_token_ids: list[list[int]]) -> DraftResult:
+    def draft(self, runner, requests: DraftRequests) -> DraftResult:
+        raise NotImplementedError
+
+    def propose_from_runner(
+        self, runner, sampled_token_ids: list[list[int]], scheduler_output=None
+    ) -> DraftResult:
         start = time.perf_counter()
+        self._observe_verified_step(runner, sampled_token_ids, scheduler_output, start)
         requests = self.engine.select_requests(runner, sampled_token_ids)
+        if self.policy is not None and len(requests.rows):
+            k = self.policy.choose(len(requests.rows))
+            requests.budget = np.minimum(requests.budget, k)
+        draft_start = time.perf_counter()
         result = self.draft(runner, requests)
-        self.stats.record(result, time.perf_counter() - start)
+        draft_seconds = time.perf_counter() - draft_start
+        if self.policy is not None and result.num_forward_steps:
+            rows_per_step = result.num_draft_tokens / result.num_forward_steps
+            self.policy.observe_draft(rows_per_step, draft_seconds / result.num_forward_steps)
+        req_ids = runner.input_batch.req_ids
+        self._last_drafted = {
+            req_ids[row]: len(tokens) for row, tokens in enumerate(result.token_ids) if tokens
+        }
+        self.stats.record(result, draft_seconds)
+        self._maybe_log()
+        self._last_end = time.perf_counter()
         return result
 
-    def draft(self, runner, requests) -> DraftResult:
-        raise NotImplementedError
+    def _observe_verified_step(self, runner, sampled_token_ids, scheduler_output, now) -> None:
+        """Learn from the step that just verified our last drafts."""
+        if self.policy is None:
+            return
+        req_ids = runner.input_batch.req_ids
+        for row, sampled in enumerate(sampled_token_ids[: len(req_ids)]):
+            drafted = self._last_drafted.get(req_ids[row], 0)
+            if drafted and sampled:
+                self.policy.observe_acceptance(drafted, min(len(sampled) - 1, drafted))
+        if scheduler_output is None or self._last_end is None:
+            return
+        per_request = scheduler_output.num_scheduled_tokens.values()
+        # Steps that also ran a prompt chunk cost differently per token than
+        # decode/verify steps; only the latter describe drafting's cost.
+        if per_request and max(per_request) <= 1 + self.num_speculative_tokens:
+            self.policy.observe_verify(
+                scheduler_output.total_num_scheduled_tokens, now - self._last_end
+            )
+
+    def _maybe_log(self) -> None:
+        if time.monotonic() - self._last_log < LOG_INTERVAL_S:
+            return
+        self._last_log = time.monotonic()
+        logger.info("vllm-layerskip %s: %s", self.method, self.status())
+
+    def status(self) -> dict:
+        status = self.stats.as_dict()
+        if self.policy is not None:
+            status["cost_model"] = self.policy.summary()
+        return status
 
 
 class ProposerStats:
@@ -74,7 +140,7 @@ class ProposerStats:
     def record(self, result: DraftResult, seconds: float) -> None:
         self.num_proposals += 1
         self.num_forward_steps += result.num_forward_steps
-        self.num_draft_tokens += sum(len(t) for t in result.token_ids)
+        self.num_draft_tokens += result.num_draft_tokens
         self.draft_seconds += seconds
 
     def as_dict(self) -> dict:

@@ -1,0 +1,93 @@
+"""The draft-length policy (cost_model.py) on synthetic costs and acceptance."""
+
+import numpy as np
+import pytest
+
+from vllm_layerskip.cost_model import DraftLengthPolicy, LinearCost, PositionAcceptance, expected_tokens
+
+
+def test_expected_tokens_follows_the_chain_of_acceptances():
+    rates = np.array([0.8, 0.5, 0.5])
+    assert expected_tokens(rates, 0) == 1.0
+    assert expected_tokens(rates, 1) == pytest.approx(1.8)
+    assert expected_tokens(rates, 3) == pytest.approx(1 + 0.8 + 0.4 + 0.2)
+
+
+def test_position_acceptance_counts_up_to_the_first_rejection():
+    acc = PositionAcceptance(max_k=4, decay=1.0, prior_weight=0.0)
+    acc.observe(4, 2)  # positions 1, 2 accepted, 3 rejected, 4 never verified
+    acc.observe(4, 4)
+    acc.observe(2, 0)
+    assert acc.offered.tolist() == [3, 2, 2, 1]
+    assert acc.accepted.tolist() == [2, 2, 1, 1]
+    assert acc.rates().tolist() == [2 / 3, 1.0, 0.5, 1.0]
+
+
+def test_linear_cost_fits_and_extrapolates():
+    cost = LinearCost()
+    for n in (1, 5, 1, 5):
+        cost.add(n, 0.010 + 0.002 * n)
+    assert cost.predict(3) == pytest.approx(0.016)
+    single = LinearCost()
+    single.add(4, 0.04)
+    assert single.predict(8) == pytest.approx(0.08)  # proportional until a 2nd size
+
+
+def simulate(policy, steps, verify, draft, rates, num_reqs=1, rng=None):
+    """Drive the policy like the proposer does, with synthetic timings/acceptance."""
+    rng = rng or np.random.default_rng(0)
+    chosen = []
+    for _ in range(steps):
+        k = policy.choose(num_reqs)
+        chosen.append(k)
+        if k:
+            policy.observe_draft(num_reqs, draft(num_reqs))
+            for _ in range(num_reqs):
+                accepted = 0
+                while accepted < k and rng.random() < rates[accepted]:
+                    accepted += 1
+                policy.observe_acceptance(k, accepted)
+        policy.observe_verify(num_reqs * (1 + k), verify(num_reqs * (1 + k)))
+    return chosen
+
+
+def test_cpu_like_costs_turn_drafting_off_with_rare_probes():
+    # Verify cost grows with every token and drafts cost 0.7 of a step: never pays.
+    policy = DraftLengthPolicy(max_k=4, probe_interval=16)
+    chosen = simulate(policy, 2000, verify=lambda n: 0.024 * n, draft=lambda b: 0.017 * b,
+                      rates=[0.3, 0.2, 0.2, 0.2])
+    late = chosen[200:]
+    assert sum(k > 0 for k in late) / len(late) < 0.01
+    assert max(late) <= 2  # only short probes
+
+
+def test_gpu_like_costs_draft_at_full_length():
+    # Verify nearly free per extra token, cheap draft, high acceptance: K pays.
+    policy = DraftLengthPolicy(max_k=4)
+    chosen = simulate(policy, 300, verify=lambda n: 0.020 + 0.0002 * n, draft=lambda b: 0.004,
+                      rates=[0.9, 0.9, 0.85, 0.85])
+    assert np.mean(chosen[50:]) > 3.5
+
+
+def test_intermediate_costs_pick_an_intermediate_length():
+    policy = DraftLengthPolicy(max_k=6)
+    chosen = simulate(policy, 400, verify=lambda n: 0.020 + 0.001 * n, draft=lambda b: 0.006,
+                      rates=[0.8, 0.6, 0.4, 0.3, 0.2, 0.1])
+    assert 1 <= np.median(chosen[100:]) <= 4
+
+
+def test_drafting_resumes_when_acceptance_recovers():
+    policy = DraftLengthPolicy(max_k=4, probe_interval=4, max_probe_interval=16)
+    verify, draft = (lambda n: 0.020 + 0.001 * n), (lambda b: 0.004)
+    off = simulate(policy, 300, verify, draft, rates=[0.05] * 4)
+    assert np.mean([k > 0 for k in off[100:]]) < 0.3
+    on = simulate(policy, 300, verify, draft, rates=[0.95] * 4)
+    assert np.mean(on[150:]) > 3
+
+
+def test_idle_gaps_are_not_taken_for_step_cost():
+    policy = DraftLengthPolicy(max_k=4)
+    for _ in range(20):
+        policy.observe_verify(5, 0.05)
+    policy.observe_verify(5, 30.0)  # the engine sat idle between requests
+    assert policy.verify_cost.predict(5) == pytest.approx(0.05)

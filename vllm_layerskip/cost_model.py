@@ -1,0 +1,192 @@
+"""Online cost model: choose each step's draft length to maximize tokens per second.
+
+A step that drafts k tokens per request costs k draft forwards plus one verify
+pass over the batch's tokens, and yields, per request, 1 + sum_{j<=k} prod_{i<=j} a_i
+tokens in expectation, where a_i is the conditional acceptance rate of draft
+position i (vLLM stops at the first rejected draft). k = 0 is plain decoding.
+
+Everything is measured while serving:
+- the verify step time as a linear function of the tokens it processed,
+  v(n) = v0 + v1 * n (on a GPU, v1 is small: verifying a few tokens costs about one
+  decode step; on a CPU it is not);
+- the draft forward time as a linear function of the rows it drafts for;
+- the per-position acceptance, from how many of last step's drafts each request
+  kept, with exponential forgetting so a shift in the text is followed.
+
+While drafting does not pay it stays off, and the policy probes now and then with a
+short draft to keep the acceptance estimates fresh (a better skip set, an easier
+stream); the probe interval doubles while probes keep confirming "off", so the
+probing overhead vanishes on long runs.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class LinearCost:
+    """Least-squares line through recent (size, seconds) samples."""
+
+    def __init__(self, window: int = 128):
+        self.samples: deque[tuple[float, float]] = deque(maxlen=window)
+
+    def add(self, size: float, seconds: float) -> None:
+        self.samples.append((float(size), float(seconds)))
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def predict(self, size: float) -> float | None:
+        if not self.samples:
+            return None
+        x, y = np.array(self.samples).T
+        if np.ptp(x) == 0:
+            # One size seen so far: assume cost proportional to size. That is
+            # pessimistic where extra tokens are nearly free (GPU) and right on a
+            # compute-bound CPU; probes at other sizes correct it.
+            return float(y.mean() * size / max(x.mean(), 1.0))
+        slope, intercept = np.polyfit(x, y, 1)
+        slope = max(slope, 0.0)
+        return float(max(intercept + slope * size, 1e-6))
+
+
+@dataclass
+class PositionAcceptance:
+    """Conditional acceptance rate of each draft position, exponentially forgetting."""
+
+    max_k: int
+    decay: float = 0.98
+    prior_rate: float = 0.5
+    prior_weight: float = 1.0
+    accepted: np.ndarray = field(init=False)
+    offered: np.ndarray = field(init=False)
+
+    def __post_init__(self):
+        self.accepted = np.zeros(self.max_k)
+        self.offered = np.zeros(self.max_k)
+
+    def observe(self, num_drafted: int, num_accepted: int) -> None:
+        """One request's verify result: positions 1..num_accepted were accepted and,
+        if it is shorter than the draft, position num_accepted+1 was rejected."""
+        if num_drafted <= 0:
+            return
+        self.accepted *= self.decay
+        self.offered *= self.decay
+        reached = min(num_accepted + 1, num_drafted)
+        self.offered[:reached] += 1
+        self.accepted[:num_accepted] += 1
+
+    def rates(self) -> np.ndarray:  # [max_k]
+        # A position with little data borrows the estimate of the one before it:
+        # positions beyond the lengths drafted lately are then neither written
+        # off nor overrated, and longer drafts get tried when the early ones do well.
+        w = self.prior_weight
+        rates = np.empty(self.max_k)
+        prior = self.prior_rate
+        for j in range(self.max_k):
+            rates[j] = (self.accepted[j] + w * prior) / (self.offered[j] + w)
+            prior = rates[j]
+        return rates
+
+
+def expected_tokens(rates: np.ndarray, k: int) -> float:
+    """Tokens one request gains from a step drafting k tokens (>= 1)."""
+    return 1.0 + float(np.cumprod(rates[:k]).sum()) if k > 0 else 1.0
+
+
+@dataclass
+class DraftLengthPolicy:
+    max_k: int
+    probe_interval: int = 16
+    max_probe_interval: int = 512
+    warmup_steps: int = 4
+    # Draft only if it beats plain decoding by this much (avoids dithering on noise).
+    margin: float = 0.03
+
+    def __post_init__(self):
+        self.acceptance = PositionAcceptance(self.max_k)
+        self.verify_cost = LinearCost()
+        self.draft_cost = LinearCost()
+        self.steps = 0
+        self.steps_drafting = 0
+        self.draft_length_sum = 0
+        self.steps_since_probe = 0
+        self.current_probe_interval = self.probe_interval
+
+    # ---- what was measured ---------------------------------------------------
+
+    def observe_verify(self, num_tokens: int, seconds: float) -> None:
+        predicted = self.verify_cost.predict(num_tokens)
+        # A gap far longer than predicted is the engine idling between requests,
+        # not the cost of the step.
+        if predicted is not None and len(self.verify_cost) >= 8 and seconds > 5 * predicted:
+            return
+        self.verify_cost.add(num_tokens, seconds)
+
+    def observe_draft(self, num_rows: int, seconds_per_forward: float) -> None:
+        self.draft_cost.add(num_rows, seconds_per_forward)
+
+    def observe_acceptance(self, num_drafted: int, num_accepted: int) -> None:
+        self.acceptance.observe(num_drafted, num_accepted)
+
+    # ---- the decision --------------------------------------------------------
+
+    def throughput(self, k: int, num_reqs: int) -> float | None:
+        """Expected tokens per second of a step drafting k tokens per request."""
+        verify = self.verify_cost.predict(num_reqs * (1 + k))
+        draft = self.draft_cost.predict(num_reqs) if k > 0 else 0.0
+        if verify is None or draft is None:
+            return None
+        tokens = num_reqs * expected_tokens(self.acceptance.rates(), k)
+        return tokens / (k * draft + verify)
+
+    def best_length(self, num_reqs: int) -> int:
+        plain = self.throughput(0, num_reqs)
+        if plain is None:
+            return self.max_k
+        best_k, best = 0, plain * (1 + self.margin)
+        for k in range(1, self.max_k + 1):
+            t = self.throughput(k, num_reqs)
+            if t is None:
+                return self.max_k
+            if t > best:
+                best_k, best = k, t
+        return best_k
+
+    def choose(self, num_reqs: int) -> int:
+        """The draft length for this step (0: no drafting)."""
+        self.steps += 1
+        if self.steps <= self.warmup_steps or len(self.draft_cost) == 0:
+            k = self.max_k
+        else:
+            k = self.best_length(num_reqs)
+            if k > 0:
+                self.current_probe_interval = self.probe_interval
+                self.steps_since_probe = 0
+            else:
+                self.steps_since_probe += 1
+                if self.steps_since_probe >= self.current_probe_interval:
+                    # A short probe: it refreshes the first positions' acceptance,
+                    # which decides whether any draft length can pay.
+                    k = min(2, self.max_k)
+                    self.steps_since_probe = 0
+                    self.current_probe_interval = min(
+                        2 * self.current_probe_interval, self.max_probe_interval
+                    )
+        if k > 0:
+            self.steps_drafting += 1
+            self.draft_length_sum += k
+        return k
+
+    def summary(self) -> dict:
+        return {
+            "steps": self.steps,
+            "drafting_fraction": self.steps_drafting / self.steps if self.steps else 0.0,
+            "mean_draft_length": (
+                self.draft_length_sum / self.steps_drafting if self.steps_drafting else 0.0
+            ),
+            "acceptance_by_position": [round(float(r), 3) for r in self.acceptance.rates()],
+        }
