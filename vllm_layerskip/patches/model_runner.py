@@ -16,32 +16,14 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm_layerskip.patches import Patch, call_original
 
 
-def propose_draft_token_ids(
-    self,
-    scheduler_output,
-    sampled_token_ids,
-    sampling_metadata,
-    hidden_states,
-    sample_hidden_states,
-    aux_hidden_states,
-    spec_decode_metadata,
-    common_attn_metadata,
-    slot_mappings,
-):
+def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, *args, **kwargs):
+    # The remaining arguments (sampling metadata, hidden states, attention
+    # metadata, slot mappings) are only for vLLM's own drafters.
     from vllm_layerskip.proposers.base import LayerSkipProposerBase
 
     if not isinstance(getattr(self, "drafter", None), LayerSkipProposerBase):
         return call_original(GPUModelRunner, "propose_draft_token_ids")(
-            self,
-            scheduler_output,
-            sampled_token_ids,
-            sampling_metadata,
-            hidden_states,
-            sample_hidden_states,
-            aux_hidden_states,
-            spec_decode_metadata,
-            common_attn_metadata,
-            slot_mappings,
+            self, scheduler_output, sampled_token_ids, *args, **kwargs
         )
     result = self.drafter.propose_from_runner(self, sampled_token_ids, scheduler_output)
     self._draft_probs = result.probs
