@@ -21,6 +21,7 @@ and otherwise resamples from max(0, p - q): the output distribution stays p.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -148,13 +149,13 @@ class DraftEngine:
         positions: np.ndarray,  # [B]
         mask: SkipMask,
         draft_index: int = 0,
-        write_kv: bool = True,
+        write_kv: bool | tuple[bool, ...] = True,  # all layers, or [num_layers]
     ) -> torch.Tensor:  # [B, vocab] float32 logits
         """One decode-shaped pass (one token per request) through the kept layers.
 
-        With write_kv=False nothing is written to the KV cache: attention still
-        reads the cache at the given positions, which suits re-scoring tokens
-        whose KV the target already computed.
+        A layer whose `write_kv` is False writes nothing to the KV cache: its
+        attention still reads the cache at the given positions, which suits
+        re-scoring tokens whose KV the target already computed.
         """
         device = runner.device
         attn_metadata, slot_mapping = self._decode_metadata(
@@ -181,6 +182,8 @@ class DraftEngine:
         pos_t = pos_cpu.to(device)
         seq_lens_cpu = (pos_cpu + 1).to(torch.int32)
         query_start_loc_cpu = torch.arange(num + 1, dtype=torch.int32)
+        if isinstance(write_kv, bool):
+            write_kv = (write_kv,) * self.num_layers
         per_layer_metadata: dict[str, object] = {}
         per_layer_slots: dict[str, torch.Tensor] = {}
         for gid, groups in enumerate(runner.attn_groups):
@@ -208,7 +211,9 @@ class DraftEngine:
                 metadata = group.build_metadata_for_drafting(common, draft_index)
                 for name in group.layer_names:
                     per_layer_metadata[name] = metadata
-                    if write_kv:
+                    # vLLM writes a layer's K/V only where the forward context
+                    # has a slot mapping for it.
+                    if write_kv[_layer_index(name)]:
                         per_layer_slots[name] = slots
         return per_layer_metadata, per_layer_slots
 
@@ -232,3 +237,14 @@ class DraftEngine:
         tokens = torch.where(is_sampled, drawn, argmax)
         top1 = torch.where(is_sampled, q.max(dim=-1).values, top1)
         return tokens.cpu().numpy(), top1.cpu().numpy(), q
+
+
+_LAYER_INDEX = re.compile(r"layers\.(\d+)\.")
+
+
+def _layer_index(attn_layer_name: str) -> int:
+    """Decoder-layer index of an attention layer name like 'model.layers.7.self_attn.attn'."""
+    match = _LAYER_INDEX.search(attn_layer_name)
+    if match is None:
+        raise ValueError(f"cannot tell the decoder layer of attention layer {attn_layer_name!r}")
+    return int(match.group(1))
