@@ -37,6 +37,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ratios", type=float, nargs="+", default=[0.2, 0.35, 0.5])
     p.add_argument("--dtype", default="float32")
     p.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    p.add_argument("--draft-length", nargs="+", choices=("adaptive", "fixed"),
+                   default=["adaptive"],
+                   help="layer_skip draft length: the plugin's cost-aware default, and/or "
+                        "fixed K every step (adaptive_draft_length=false)")
     p.add_argument("--batch-size", type=int, default=1,
                    help="prompts per generate call (1: one request at a time)")
     p.add_argument("--out", default=os.path.join("benchmarks", "results"))
@@ -71,13 +75,13 @@ def build_configs(args) -> list[tuple[str, dict | None]]:
     if "ngram" in args.methods:
         configs.append(("ngram", {"method": "ngram", "num_speculative_tokens": k,
                                   "prompt_lookup_max": 4, "prompt_lookup_min": 2}))
-    if "layer_skip" in args.methods:
-        configs.append(("layer_skip r=0 (no skip)",
-                        {"method": "layer_skip", "num_speculative_tokens": k}))
+    for mode in args.draft_length if "layer_skip" in args.methods else []:
+        extra, suffix = ({}, "") if mode == "adaptive" else (
+            {"adaptive_draft_length": False}, ", fixed K")
+        base = {"method": "layer_skip", "num_speculative_tokens": k, **extra}
+        configs.append((f"layer_skip r=0 (no skip){suffix}", base))
         for r in args.ratios:
-            configs.append((f"layer_skip r={r:g}", {"method": "layer_skip",
-                                                    "num_speculative_tokens": k,
-                                                    "skip_ratio": r}))
+            configs.append((f"layer_skip r={r:g}{suffix}", {**base, "skip_ratio": r}))
     return configs
 
 
@@ -134,7 +138,17 @@ def run_config(args, model: str, name: str, spec: dict | None, questions: list[d
 
 
 def diff_stats(after: dict, before: dict) -> dict:
-    return {k: v - before.get(k, 0) for k, v in after.items()}
+    """Counters of the timed part: numbers are differenced, anything else (the
+    cost model's summary) is kept as it was at the end, plus its drafting fraction
+    over the timed part."""
+    out = {k: v - before.get(k, 0) if isinstance(v, (int, float)) else v
+           for k, v in after.items()}
+    cm_after, cm_before = after.get("cost_model"), before.get("cost_model") or {}
+    if cm_after and cm_after["steps"] > cm_before.get("steps", 0):
+        drafting = lambda cm: cm.get("drafting_fraction", 0.0) * cm.get("steps", 0)
+        out["drafting_fraction"] = ((drafting(cm_after) - drafting(cm_before))
+                                    / (cm_after["steps"] - cm_before.get("steps", 0)))
+    return out
 
 
 # ---- derived figures ---------------------------------------------------------------
@@ -155,11 +169,15 @@ def add_derived(results: list[dict], dtype: str) -> None:
     for r in results:
         r["speedup"] = r["tokens_per_second"] / plain["tokens_per_second"] if plain else None
         r["parity"] = parity(r, plain)
-        r["c"] = r["expected_speedup"] = None
+        r["c"] = r["v"] = r["expected_speedup"] = None
         st = r["proposer_stats"]
         if plain and st.get("num_forward_steps"):
             r["draft_seconds_per_step"] = st["draft_seconds"] / st["num_forward_steps"]
             r["c"] = r["draft_seconds_per_step"] / plain["seconds_per_step"]
+            # Everything but drafting (verify forward, sampling, scheduling) per engine
+            # step (one proposal per step), relative to a plain step; Eq. 6 assumes 1.
+            r["v"] = ((r["seconds"] - st["draft_seconds"]) / st["num_proposals"]
+                      / plain["seconds_per_step"])
             if r["M"] is not None:
                 r["expected_speedup"] = swift_expected_speedup(r["M"], r["alpha"], r["c"])
     if dtype != "float32":
@@ -186,13 +204,14 @@ def fmt(v, spec=".2f") -> str:
 
 
 def markdown_table(results: list[dict]) -> str:
-    rows = ["| config | tok/s | speedup | M | alpha | c | E (Eq. 6) | parity |",
-            "|---|---:|---:|---:|---:|---:|---:|:---:|"]
+    rows = ["| config | tok/s | speedup | M | alpha | c | v | E (Eq. 6) | drafting | parity |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
     for r in results:
         par = "-" if r["parity"] is None else ("yes" if r["parity"]["equal"] else "**NO**")
+        drafting = r["proposer_stats"].get("drafting_fraction")
         rows.append(f"| {r['name']} | {r['tokens_per_second']:.1f} | {fmt(r['speedup'])} | "
-                    f"{fmt(r['M'])} | {fmt(r['alpha'])} | {fmt(r['c'], '.3f')} | "
-                    f"{fmt(r['expected_speedup'])} | {par} |")
+                    f"{fmt(r['M'])} | {fmt(r['alpha'])} | {fmt(r['c'], '.3f')} | {fmt(r['v'])} | "
+                    f"{fmt(r['expected_speedup'])} | {fmt(drafting, '.0%')} | {par} |")
     return "\n".join(rows)
 
 
@@ -215,7 +234,7 @@ def machine_info(args, model: str) -> dict:
 
 def header(args, info: dict, n_prompts: int) -> str:
     iomp = "libiomp" in info["LD_PRELOAD"]
-    return (f"SmolLM2 layer-skip benchmark, {info['date']}: {n_prompts} Spec-Bench prompts, "
+    return (f"{os.path.basename(info['model'])}, {info['date']}: {n_prompts} Spec-Bench prompts, "
             f"max_tokens={args.max_tokens}, K={args.k}, batch={args.batch_size}, "
             f"dtype={args.dtype}, libiomp preloaded={iomp}, {info['cpu']} x{info['cpu_count']}, "
             f"vllm {info['vllm']}, torch {info['torch']}")
