@@ -36,7 +36,8 @@ class Patch:
         return f"_layerskip_orig_{self.name}"
 
     def signature_problem(self) -> str | None:
-        original = self.target.__dict__.get(self.name)
+        # Once applied, the target holds our wrapper: check the original it keeps.
+        original = self.target.__dict__.get(self.orig_attr, self.target.__dict__.get(self.name))
         if original is None:
             return f"{self.qualname} does not exist"
         if self.expected_params is None:
