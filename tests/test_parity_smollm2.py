@@ -7,7 +7,13 @@ import pytest
 from conftest import make_llm
 from vllm import SamplingParams
 
-from vllm_layerskip.measure import chat_prompts, load_spec_bench, shutdown, spec_decode_counters
+from vllm_layerskip.measure import (
+    chat_prompts,
+    load_spec_bench,
+    proposer_stats,
+    shutdown,
+    spec_decode_counters,
+)
 
 MAX_MODEL_LEN = 512
 SHORT_TOKENS = 40
@@ -56,6 +62,14 @@ CONFIGS = {
                             "draft_confidence_threshold": 0.5, **FIXED},
     "K4-nothing-skipped": {"num_speculative_tokens": 4, **FIXED},
     "K4-adaptive": {"num_speculative_tokens": 4, "skip_ratio": 0.2},
+    # SWIFT with its optimizer busy the whole run: a short context window, a
+    # Bayesian suggestion every 3rd candidate, no early stop. The draft mask
+    # changes between steps while requests are in flight.
+    "swift-K4-optimizing": {"method": "swift", "num_speculative_tokens": 4, "context_window": 8,
+                            "bo_interval": 3, "patience": 10000, "max_optimization_steps": 10000,
+                            **FIXED},
+    "swift-K6-adaptive": {"method": "swift", "num_speculative_tokens": 6, "context_window": 8,
+                          "patience": 10000},
 }
 
 
@@ -67,6 +81,7 @@ def test_layer_skip_greedy_parity(smollm2_path, plain, name):
     try:
         out = run(llm)
         counters = spec_decode_counters(llm)
+        status = proposer_stats(llm)
     finally:
         shutdown(llm)
 
@@ -79,7 +94,7 @@ def test_layer_skip_greedy_parity(smollm2_path, plain, name):
     assert out["long_total"] == MAX_MODEL_LEN and out["long_finish"] == "length"
 
     # Speculation really ran, within K per step.
-    assert counters.drafts > (0 if name == "K4-adaptive" else 20)
+    assert counters.drafts > (0 if "adaptive" in name else 20)
     assert counters.draft_tokens <= k * counters.drafts
     assert len(counters.accepted_per_pos) == k
     if name == "K4-nothing-skipped":
@@ -92,3 +107,13 @@ def test_layer_skip_greedy_parity(smollm2_path, plain, name):
         assert counters.draft_tokens < 0.8 * k * counters.drafts, counters
     if name == "K1-whole-layers":
         assert counters.draft_tokens == counters.drafts
+    if name.startswith("swift"):
+        swift = status["swift"]
+        assert swift["phase"] == "optimizing" and not swift["error"], swift
+        # The optimizer ran all along and really switched masks mid-run. (Fewer
+        # steps with a suggestion from the Gaussian process every 3rd step: a
+        # step whose candidate is not ready yet drafts without scoring one.)
+        assert swift["optimization_steps"] > (25 if name == "swift-K4-optimizing" else 50), swift
+        assert swift["improvements"] >= 1, swift
+        if name == "swift-K4-optimizing":
+            assert swift["bayes_suggestions"] >= 5, swift

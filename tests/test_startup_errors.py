@@ -49,14 +49,44 @@ def test_good_config_maps_to_our_proposer_and_reserves_lookahead(smollm2_path):
          "'draft_confidence_threshold' must be in [0, 1], got -0.5"),
         ({"method": "layer_skip"}, "Method 'layer_skip' needs 'num_speculative_tokens'"),
         ({"method": "layer_skip", "num_speculative_tokens": 0}, "'num_speculative_tokens' must be a positive integer, got 0"),
-        ({"method": "swift", "num_speculative_tokens": 4},
-         "Speculative method 'swift' of vllm-layerskip is not available yet"),
+        ({"method": "clasp", "num_speculative_tokens": 4},
+         "Speculative method 'clasp' of vllm-layerskip is not available yet"),
+        ({"method": "swift", "num_speculative_tokens": 4, "skip_ratio": 0},
+         "'skip_ratio' must be a number in (0, 1), got 0"),
+        ({"method": "swift", "num_speculative_tokens": 4, "skip_ratio": 1.2},
+         "'skip_ratio' must be a number in (0, 1), got 1.2"),
+        ({"method": "swift", "num_speculative_tokens": 4, "context_window": 0},
+         "'context_window' must be a positive integer (tokens), got 0"),
+        ({"method": "swift", "num_speculative_tokens": 4, "bo_interval": 2.5},
+         "'bo_interval' must be a positive integer (optimization steps), got 2.5"),
+        ({"method": "swift", "num_speculative_tokens": 4, "target_matchness": 1.5},
+         "'target_matchness' must be in [0, 1], got 1.5"),
+        ({"method": "swift", "num_speculative_tokens": 4, "skip_ratio": 0.005},
+         "'skip_ratio' 0.005 skips no sub-layer of this model (56 candidates); raise it."),
+        ({"method": "swift", "num_speculative_tokens": 4, "skip_layers": [3]},
+         "Unknown key(s) in the speculative config for method 'swift': 'skip_layers'"),
     ],
 )
 def test_bad_config_fails_at_startup(smollm2_path, speculative_config, message):
     with pytest.raises(LayerSkipConfigError) as e:
         engine_config(smollm2_path, speculative_config)
     assert message in str(e.value)
+
+
+def test_swift_config_and_corrupt_state_file(smollm2_path, tmp_path):
+    config = engine_config(
+        smollm2_path, {"method": "swift", "num_speculative_tokens": 8, "context_window": 16}
+    )
+    spec = config.speculative_config
+    assert spec.model == "vllm_layerskip.proposers.swift.SwiftProposer"
+    assert spec.layerskip.options.context_window == 16
+    assert spec.layerskip.options.skip_ratio == 0.45  # the paper's default
+    assert config.num_lookahead_tokens == 8
+    corrupt = tmp_path / "state.json"
+    corrupt.write_text('{"format": "vllm-layerskip/swift-state", "version": 1, "model": [')
+    with pytest.raises(LayerSkipConfigError, match=f"SWIFT state_file '{corrupt}' is not valid JSON"):
+        engine_config(smollm2_path, {"method": "swift", "num_speculative_tokens": 4,
+                                     "state_file": str(corrupt)})
 
 
 def test_unsupported_architecture(tmp_path):

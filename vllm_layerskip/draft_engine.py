@@ -45,6 +45,32 @@ class DraftRequests:
 
 
 @dataclass
+class ScoreWindows:
+    """Recent verified tokens of some requests, to score a candidate mask on.
+
+    Window w covers positions starts[w] .. starts[w] + lengths[w] - 1 of request
+    row rows[w]; every one of them already holds the target's KV. The draft
+    predicts, at each position, the token at the next position (`targets`).
+    """
+
+    rows: np.ndarray  # [W] input-batch rows
+    starts: np.ndarray  # [W]
+    lengths: np.ndarray  # [W]
+    input_ids: np.ndarray  # [N] tokens at the window positions, window by window
+    targets: np.ndarray  # [N] the token that followed each of them
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.lengths.sum())
+
+    @property
+    def positions(self) -> np.ndarray:  # [N]
+        return np.concatenate(
+            [np.arange(s, s + n, dtype=np.int64) for s, n in zip(self.starts, self.lengths)]
+        )
+
+
+@dataclass
 class DraftResult:
     token_ids: list[list[int]]  # [num_reqs][<= K], per input-batch row
     probs: torch.Tensor | None  # [num_reqs, K, vocab] draft q, None if all greedy
@@ -141,6 +167,32 @@ class DraftEngine:
             active = np.array(keep, dtype=np.int64)
         return DraftResult(drafts, probs, steps, top1s)
 
+    @torch.inference_mode()
+    def score(self, runner, windows: ScoreWindows, mask: SkipMask) -> np.ndarray:
+        """Which window tokens the masked draft predicts exactly ([N] bool).
+
+        One pass over all windows at once, causal within each window; attention
+        reads the target's own KV for the window positions and nothing is
+        written to the KV cache.
+        """
+        assert self.stack is not None, "load_model() has not been called"
+        device = runner.device
+        positions = windows.positions
+        attn_metadata, slot_mapping = self._attention_metadata(
+            runner, windows.rows, windows.lengths, positions, write_kv=False
+        )
+        ids_t = torch.from_numpy(windows.input_ids.astype(np.int64)).to(device)
+        pos_t = torch.from_numpy(positions).to(device)
+        with set_forward_context(
+            attn_metadata,
+            self.vllm_config,
+            num_tokens=windows.num_tokens,
+            slot_mapping=slot_mapping,
+        ):
+            hidden = self.stack.forward_masked(ids_t, pos_t, mask.run_attn, mask.run_mlp)
+            predicted = self.stack.logits(hidden).argmax(dim=-1).cpu().numpy()
+        return predicted == windows.targets
+
     def forward(
         self,
         runner,
@@ -175,13 +227,34 @@ class DraftEngine:
 
     def _decode_metadata(self, runner, rows, positions, draft_index, write_kv):
         """Per-layer attention metadata and KV slots for one token per request."""
+        return self._attention_metadata(
+            runner, rows, np.ones(len(rows), dtype=np.int64), positions, write_kv, draft_index
+        )
+
+    def _attention_metadata(
+        self,
+        runner,
+        rows: np.ndarray,  # [R] input-batch rows
+        query_lens: np.ndarray,  # [R] tokens per request, consecutive positions
+        positions: np.ndarray,  # [N] position of every token, request by request
+        write_kv: bool | tuple[bool, ...],
+        draft_index: int | None = None,  # set: a decode-shaped draft step
+    ):
+        """Per-layer attention metadata and KV slots for the given query tokens.
+
+        Each request's query ends at its last position, and attends causally to
+        everything before it in the paged cache.
+        """
         device = runner.device
         num = len(rows)
+        num_tokens = len(positions)
         rows_t = torch.from_numpy(rows).to(device)
         pos_cpu = torch.from_numpy(positions.astype(np.int64))
         pos_t = pos_cpu.to(device)
-        seq_lens_cpu = (pos_cpu + 1).to(torch.int32)
-        query_start_loc_cpu = torch.arange(num + 1, dtype=torch.int32)
+        query_start_loc_cpu = torch.zeros(num + 1, dtype=torch.int32)
+        query_start_loc_cpu[1:] = torch.from_numpy(np.cumsum(query_lens)).to(torch.int32)
+        seq_lens_cpu = (pos_cpu[query_start_loc_cpu[1:].long() - 1] + 1).to(torch.int32)
+        token_request = torch.from_numpy(np.repeat(np.arange(num), query_lens)).to(device)
         if isinstance(write_kv, bool):
             write_kv = (write_kv,) * self.num_layers
         per_layer_metadata: dict[str, object] = {}
@@ -190,7 +263,7 @@ class DraftEngine:
             table = runner.input_batch.block_table[gid]
             block_table = table.get_device_tensor(runner.input_batch.num_reqs)[rows_t]
             block_size = table.block_size
-            block_ids = block_table.gather(1, (pos_t // block_size).unsqueeze(1)).squeeze(1)
+            block_ids = block_table[token_request, pos_t // block_size]
             slots = block_ids.to(torch.int64) * block_size + pos_t % block_size
             common = CommonAttentionMetadata(
                 query_start_loc=query_start_loc_cpu.to(device),
@@ -198,17 +271,20 @@ class DraftEngine:
                 seq_lens=seq_lens_cpu.to(device),
                 seq_lens_cpu_upper_bound=seq_lens_cpu,
                 num_reqs=num,
-                num_actual_tokens=num,
-                max_query_len=1,
-                max_seq_len=int(seq_lens_cpu.max()),
+                num_actual_tokens=num_tokens,
+                max_query_len=int(query_lens.max()) if num else 0,
+                max_seq_len=int(seq_lens_cpu.max()) if num else 0,
                 block_table_tensor=block_table,
-                slot_mapping=slots,
+                slot_mapping=slots if any(write_kv) else torch.full_like(slots, -1),
                 causal=True,
                 positions=pos_t,
                 is_prefilling=torch.zeros(num, dtype=torch.bool, device=device),
             )
             for group in groups:
-                metadata = group.build_metadata_for_drafting(common, draft_index)
+                if draft_index is not None:
+                    metadata = group.build_metadata_for_drafting(common, draft_index)
+                else:
+                    metadata = group.build_metadata(common)
                 for name in group.layer_names:
                     per_layer_metadata[name] = metadata
                     # vLLM writes a layer's K/V only where the forward context

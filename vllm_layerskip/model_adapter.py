@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from vllm_layerskip.options import LayerSkipConfigError
+from vllm_layerskip.options import LayerSkipConfigError, ModelIdentity
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -37,6 +37,18 @@ def check_model_supported(model_config) -> int:
             f"{', '.join(SUPPORTED_ARCHITECTURES)}."
         )
     return model_config.hf_text_config.num_hidden_layers
+
+
+def model_identity(model_config) -> ModelIdentity:
+    """The target model as a state/profile file records it (vLLM ModelConfig)."""
+    text = model_config.hf_text_config
+    return ModelIdentity(
+        model=str(model_config.model),
+        architecture=(list(model_config.architectures or []) or ["unknown"])[0],
+        num_layers=int(text.num_hidden_layers),
+        hidden_size=int(text.hidden_size),
+        vocab_size=int(model_config.get_vocab_size()),
+    )
 
 
 @dataclass

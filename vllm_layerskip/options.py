@@ -15,8 +15,8 @@ from typing import Any
 
 # Methods whose proposer works end to end. A method is listed here only once it
 # really works: asking for a planned one gives a clear error, never a fallback.
-AVAILABLE_METHODS = ("layer_skip",)
-PLANNED_METHODS = ("swift", "clasp", "self_sd", "adadecode")
+AVAILABLE_METHODS = ("layer_skip", "swift")
+PLANNED_METHODS = ("clasp", "self_sd", "adadecode")
 
 # Keys of vLLM's own SpeculativeConfig that a layer-skip method cannot take:
 # the draft is the target model itself.
@@ -28,7 +28,42 @@ class LayerSkipConfigError(ValueError):
 
 
 @dataclass(frozen=True)
-class LayerSkipOptions:
+class DraftingOptions:
+    """Options every layer-skip method has."""
+
+    draft_confidence_threshold: float = 0.0
+    """Stop a request's draft once the draft's top-1 probability is below this."""
+    adaptive_draft_length: bool = True
+    """Choose each step's draft length (0 = no drafting) from measured costs and
+    acceptance, so speculation never makes decoding slower (cost_model.py)."""
+    probe_interval: int = 16
+    """While drafting does not pay: steps between probes (doubling up to 512)."""
+
+    def __post_init__(self):
+        _check_number("draft_confidence_threshold", self.draft_confidence_threshold, 0.0, 1.0)
+        _check_bool("adaptive_draft_length", self.adaptive_draft_length)
+        _check_int("probe_interval", self.probe_interval, minimum=1, unit="steps")
+
+    def validate_for_model(self, model: "ModelIdentity") -> None:
+        """Raise LayerSkipConfigError if the options cannot apply to this model."""
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """What a saved profile or state file must match to be reused."""
+
+    model: str
+    architecture: str
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class LayerSkipOptions(DraftingOptions):
     """Options of method `layer_skip`: a fixed set of skipped sub-layers."""
 
     skip_layers: tuple[int, ...] = ()
@@ -40,15 +75,9 @@ class LayerSkipOptions:
     skip_ratio: float | None = None
     """Fraction of the 2*L sub-layers to skip, spread evenly over the middle
     layers (first and last layer kept). Used when no explicit set is given."""
-    draft_confidence_threshold: float = 0.0
-    """Stop a request's draft once the draft's top-1 probability is below this."""
-    adaptive_draft_length: bool = True
-    """Choose each step's draft length (0 = no drafting) from measured costs and
-    acceptance, so speculation never makes decoding slower (cost_model.py)."""
-    probe_interval: int = 16
-    """While drafting does not pay: steps between probes (doubling up to 512)."""
 
     def __post_init__(self):
+        super().__post_init__()
         for key in ("skip_layers", "skip_attn", "skip_mlp"):
             values = getattr(self, key)
             if not isinstance(values, (list, tuple)) or not all(
@@ -76,28 +105,126 @@ class LayerSkipOptions:
                     "'skip_attn' or 'skip_mlp': give either a ratio or an "
                     "explicit set."
                 )
-        _check_probability("draft_confidence_threshold", self.draft_confidence_threshold)
-        if not isinstance(self.adaptive_draft_length, bool):
-            raise LayerSkipConfigError(
-                f"'adaptive_draft_length' must be true or false, got {self.adaptive_draft_length!r}."
-            )
-        p = self.probe_interval
-        if isinstance(p, bool) or not isinstance(p, int) or p < 1:
-            raise LayerSkipConfigError(
-                f"'probe_interval' must be a positive integer (steps), got {p!r}."
-            )
+
+    def validate_for_model(self, model: ModelIdentity) -> None:
+        build_mask(self, model.num_layers)  # raises on indices outside the model
 
 
-def _check_probability(key: str, value: Any) -> None:
+@dataclass(frozen=True)
+class SwiftOptions(DraftingOptions):
+    """Options of method `swift` (defaults: SWIFT paper, Appendix B.2, and its
+    reference code)."""
+
+    skip_ratio: float = 0.45
+    """r: fraction of the 2(L-2) attention/MLP sub-layers of layers 1..L-2 that
+    the draft skips (the first and last layer always run)."""
+    context_window: int = 32
+    """gamma: recent generated tokens per request that score a candidate set."""
+    bo_interval: int = 25
+    """beta: every beta-th candidate comes from Bayesian optimization, the
+    others from random search."""
+    max_optimization_steps: int = 1000
+    """S: most candidates scored in one optimization phase."""
+    patience: int = 300
+    """Stop optimizing after this many candidates without a better set."""
+    target_matchness: float = 0.95
+    """Stop optimizing once the best set's matchness exceeds this."""
+    draft_confidence_threshold: float = 0.8
+    """epsilon: stop a request's draft once the top-1 probability is below this."""
+    acceptance_tolerance: float = 0.7
+    """When an optimization phase ends with draft acceptance below this, lower
+    the skip ratio by `skip_ratio_step` and optimize again (0 disables)."""
+    skip_ratio_step: float = 0.05
+    """How much the skip ratio drops each time acceptance stays too low."""
+    reoptimize_below: float = 0.6
+    """After optimizing, resume it from the best set when recent acceptance
+    falls below this fraction of the acceptance measured right after the
+    optimization ended (the text stream changed). 0 disables."""
+    optimize_interval: int = 1
+    """Decoding steps per optimization step while optimizing."""
+    max_score_tokens: int = 128
+    """Most tokens one scoring pass covers (windows of the running requests)."""
+    seed: int = 0
+    """Seed of the random search and the Bayesian optimizer."""
+    state_file: str | None = None
+    """JSON file to load the learned set and optimizer history from at start-up
+    (if it exists) and to save them to as they improve."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        r = self.skip_ratio
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 < r < 1.0:
+            raise LayerSkipConfigError(
+                f"'skip_ratio' must be a number in (0, 1), got {r!r}. SWIFT skips this "
+                "fraction of the attention and MLP sub-layers; the paper uses 0.45-0.5."
+            )
+        _check_int("context_window", self.context_window, minimum=1, unit="tokens")
+        _check_int("bo_interval", self.bo_interval, minimum=1, unit="optimization steps")
+        _check_int("max_optimization_steps", self.max_optimization_steps, minimum=0, unit="steps")
+        _check_int("patience", self.patience, minimum=1, unit="optimization steps")
+        _check_number("target_matchness", self.target_matchness, 0.0, 1.0)
+        _check_number("acceptance_tolerance", self.acceptance_tolerance, 0.0, 1.0)
+        _check_number("skip_ratio_step", self.skip_ratio_step, 0.0, 1.0)
+        _check_number("reoptimize_below", self.reoptimize_below, 0.0, 1.0)
+        _check_int("optimize_interval", self.optimize_interval, minimum=1, unit="steps")
+        _check_int("max_score_tokens", self.max_score_tokens, minimum=1, unit="tokens")
+        _check_int("seed", self.seed, minimum=0, unit="")
+        if self.state_file is not None and (
+            not isinstance(self.state_file, str) or not self.state_file
+        ):
+            raise LayerSkipConfigError(
+                f"'state_file' must be a file path (string), got {self.state_file!r}."
+            )
+
+    def num_skipped(self, num_layers: int, ratio: float | None = None) -> int:
+        """How many sub-layers the set skips at ratio r: round(r * 2(L-2))."""
+        r = self.skip_ratio if ratio is None else ratio
+        return round(r * 2 * max(num_layers - 2, 0))
+
+    def validate_for_model(self, model: ModelIdentity) -> None:
+        if model.num_layers < 3:
+            raise LayerSkipConfigError(
+                f"Method 'swift' needs a model with at least 3 decoder layers (it never "
+                f"skips the first and last); this one has {model.num_layers}."
+            )
+        if self.num_skipped(model.num_layers) < 1:
+            raise LayerSkipConfigError(
+                f"'skip_ratio' {self.skip_ratio} skips no sub-layer of this model "
+                f"({2 * (model.num_layers - 2)} candidates); raise it."
+            )
+        if self.state_file is not None:
+            # Imported here: the state format lives with the optimizer.
+            from vllm_layerskip.swift_state import load_state
+
+            load_state(self.state_file, model)  # raises on a corrupt or foreign file
+
+
+def _check_number(key: str, value: Any, low: float, high: float) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise LayerSkipConfigError(f"'{key}' must be a number in [0, 1], got {value!r}.")
-    if not 0.0 <= value <= 1.0:
         raise LayerSkipConfigError(
-            f"'{key}' must be in [0, 1], got {value}. 0 disables it."
+            f"'{key}' must be a number in [{low:g}, {high:g}], got {value!r}."
+        )
+    if not low <= value <= high:
+        raise LayerSkipConfigError(
+            f"'{key}' must be in [{low:g}, {high:g}], got {value}."
+            + (" 0 disables it." if low == 0.0 else "")
         )
 
 
-OPTIONS_BY_METHOD: dict[str, type] = {"layer_skip": LayerSkipOptions}
+def _check_int(key: str, value: Any, minimum: int, unit: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise LayerSkipConfigError(
+            f"'{key}' must be {kind}{f' ({unit})' if unit else ''}, got {value!r}."
+        )
+
+
+def _check_bool(key: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise LayerSkipConfigError(f"'{key}' must be true or false, got {value!r}.")
+
+
+OPTIONS_BY_METHOD: dict[str, type] = {"layer_skip": LayerSkipOptions, "swift": SwiftOptions}
 
 
 def is_layerskip_method(method: Any) -> bool:

@@ -21,10 +21,9 @@ from typing import Any
 from vllm.config import SpeculativeConfig, VllmConfig
 from vllm.engine.arg_utils import EngineArgs
 
-from vllm_layerskip.model_adapter import check_model_supported
+from vllm_layerskip.model_adapter import check_model_supported, model_identity
 from vllm_layerskip.options import (
     LayerSkipConfigError,
-    build_mask,
     is_layerskip_method,
     split_speculative_config,
 )
@@ -32,6 +31,7 @@ from vllm_layerskip.patches import Patch, call_original
 
 PROPOSER_CLASSES = {
     "layer_skip": "vllm_layerskip.proposers.layer_skip.LayerSkipProposer",
+    "swift": "vllm_layerskip.proposers.swift.SwiftProposer",
 }
 
 
@@ -75,8 +75,8 @@ def _validate_for_target(method: str, options: Any, raw: dict, target_model_conf
             "vLLM runs the drafter on the last pipeline stage only, which does not "
             "hold the early layers the draft pass needs. Use tensor parallelism."
         )
-    num_layers = check_model_supported(target_model_config)
-    build_mask(options, num_layers)  # raises on indices outside the model
+    check_model_supported(target_model_config)
+    options.validate_for_model(model_identity(target_model_config))
 
 
 def create_speculative_config(

@@ -72,12 +72,20 @@ class LayerSkipProposerBase:
     def draft(self, runner, requests: DraftRequests) -> DraftResult:
         raise NotImplementedError
 
+    def before_draft(self, runner, requests: DraftRequests) -> None:
+        """Hook for subclasses: work done each step before drafting (e.g. an
+        optimization step), kept out of the measured draft cost."""
+
+    def on_verified(self, num_drafted: int, num_accepted: int) -> None:
+        """Hook for subclasses: how many of last step's draft tokens were accepted."""
+
     def propose_from_runner(
         self, runner, sampled_token_ids: list[list[int]], scheduler_output=None
     ) -> DraftResult:
         start = time.perf_counter()
         self._observe_verified_step(runner, sampled_token_ids, scheduler_output, start)
         requests = self.engine.select_requests(runner, sampled_token_ids)
+        self.before_draft(runner, requests)
         if self.policy is not None and len(requests.rows):
             k = self.policy.choose(len(requests.rows))
             requests.budget = np.minimum(requests.budget, k)
@@ -98,14 +106,19 @@ class LayerSkipProposerBase:
 
     def _observe_verified_step(self, runner, sampled_token_ids, scheduler_output, now) -> None:
         """Learn from the step that just verified our last drafts."""
-        if self.policy is None:
-            return
         req_ids = runner.input_batch.req_ids
+        total_drafted = total_accepted = 0
         for row, sampled in enumerate(sampled_token_ids[: len(req_ids)]):
             drafted = self._last_drafted.get(req_ids[row], 0)
             if drafted and sampled:
-                self.policy.observe_acceptance(drafted, min(len(sampled) - 1, drafted))
-        if scheduler_output is None or self._last_end is None:
+                accepted = min(len(sampled) - 1, drafted)
+                total_drafted += drafted
+                total_accepted += accepted
+                if self.policy is not None:
+                    self.policy.observe_acceptance(drafted, accepted)
+        if total_drafted:
+            self.on_verified(total_drafted, total_accepted)
+        if self.policy is None or scheduler_output is None or self._last_end is None:
             return
         per_request = scheduler_output.num_scheduled_tokens.values()
         # Steps that also ran a prompt chunk cost differently per token than

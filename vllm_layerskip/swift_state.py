@@ -1,0 +1,143 @@
+"""SWIFT's warm-start file: the learned skip set and the optimizer's history.
+
+    {
+      "format": "vllm-layerskip/swift-state", "version": 1,
+      "model": {model, architecture, num_layers, hidden_size, vocab_size},
+      "skip_ratio": 0.45,
+      "best": {"skip_attn": [...], "skip_mlp": [...], "matchness": 0.61},
+      "optimization_finished": false,
+      "history": [{"skip_attn": [...], "skip_mlp": [...], "skip_ratio": 0.45,
+                   "matchness": 0.52}, ...]
+    }
+
+Sharing: each engine (and each data-parallel rank) loads the file once at
+start-up and rewrites it whole as it learns; writes go to a temporary file in
+the same directory and are renamed over the old one, so a reader always sees a
+complete file (last writer wins; files are never merged).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vllm_layerskip.options import LayerSkipConfigError, ModelIdentity
+
+STATE_FORMAT = "vllm-layerskip/swift-state"
+STATE_VERSION = 1
+MAX_HISTORY = 2000
+
+
+@dataclass
+class Observation:
+    skip_attn: list[int]
+    skip_mlp: list[int]
+    skip_ratio: float
+    matchness: float
+
+
+@dataclass
+class SwiftState:
+    model: ModelIdentity
+    skip_ratio: float
+    best_attn: list[int]
+    best_mlp: list[int]
+    best_matchness: float
+    optimization_finished: bool
+    history: list[Observation] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "model": self.model.as_dict(),
+            "skip_ratio": self.skip_ratio,
+            "best": {
+                "skip_attn": self.best_attn,
+                "skip_mlp": self.best_mlp,
+                "matchness": self.best_matchness,
+            },
+            "optimization_finished": self.optimization_finished,
+            "history": [vars(o) for o in self.history[-MAX_HISTORY:]],
+        }
+
+
+def _refuse(path, what: str) -> LayerSkipConfigError:
+    return LayerSkipConfigError(
+        f"SWIFT state_file '{path}' {what}. Delete the file (it is rewritten as "
+        "SWIFT learns) or point 'state_file' at another path."
+    )
+
+
+def load_state(path: str | os.PathLike, model: ModelIdentity) -> SwiftState | None:
+    """The state saved at `path` for this model; None if there is no file yet.
+
+    Raises LayerSkipConfigError for a file that is not a SWIFT state, is
+    corrupt, or was written for another model.
+    """
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise _refuse(path, f"cannot be read ({e})") from e
+    except json.JSONDecodeError as e:
+        raise _refuse(path, f"is not valid JSON ({e})") from e
+    if not isinstance(data, dict) or data.get("format") != STATE_FORMAT:
+        raise _refuse(path, f"is not a SWIFT state file (no \"format\": \"{STATE_FORMAT}\")")
+    if data.get("version") != STATE_VERSION:
+        raise _refuse(
+            path, f"has version {data.get('version')!r}; this plugin reads version {STATE_VERSION}"
+        )
+    try:
+        saved_model = ModelIdentity(**data["model"])
+        best = data["best"]
+        history = [Observation(**o) for o in data.get("history", [])]
+        state = SwiftState(
+            model=saved_model,
+            skip_ratio=float(data["skip_ratio"]),
+            best_attn=[int(i) for i in best["skip_attn"]],
+            best_mlp=[int(i) for i in best["skip_mlp"]],
+            best_matchness=float(best["matchness"]),
+            optimization_finished=bool(data["optimization_finished"]),
+            history=history,
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise _refuse(path, f"is corrupt: missing or malformed field ({e!r})") from e
+    if saved_model != model:
+        diffs = [
+            f"{k}: file {getattr(saved_model, k)!r} vs running {getattr(model, k)!r}"
+            for k in model.as_dict()
+            if getattr(saved_model, k) != getattr(model, k)
+        ]
+        raise _refuse(path, "was written for another model (" + "; ".join(diffs) + ")")
+    last = model.num_layers - 1
+    for layers in [state.best_attn, state.best_mlp] + [
+        o.skip_attn + o.skip_mlp for o in state.history
+    ]:
+        bad = [i for i in layers if not 1 <= i < last]
+        if bad:
+            raise _refuse(path, f"is corrupt: layer indices {bad} outside 1..{last - 1}")
+    if not 0.0 < state.skip_ratio < 1.0:
+        raise _refuse(path, f"is corrupt: skip_ratio {state.skip_ratio} not in (0, 1)")
+    return state
+
+
+def save_state(path: str | os.PathLike, state: SwiftState) -> None:
+    """Write atomically: a temporary file in the same directory, then rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(state.to_json(), f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
