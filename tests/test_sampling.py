@@ -15,7 +15,7 @@ from conftest import make_llm
 from scipy.stats import chi2_contingency
 from vllm import SamplingParams
 
-from vllm_layerskip.measure import shutdown, spec_decode_counters
+from vllm_layerskip.measure import proposer_stats, shutdown, spec_decode_counters
 
 NUM_SAMPLES = 1500
 NUM_TOKENS = 4
@@ -60,15 +60,29 @@ def plain_samples(tiny_llama):
     return samples
 
 
-def test_sampling_distribution_matches_plain(tiny_llama, plain_samples):
-    config = {"method": "layer_skip", "num_speculative_tokens": 3, "adaptive_draft_length": False,
-              "skip_attn": [1], "skip_mlp": [2]}
+CONFIGS = {
+    "layer_skip": {"method": "layer_skip", "skip_attn": [1], "skip_mlp": [2]},
+    # SWIFT re-chooses its set while sampling (a 1-token context window: every
+    # step scores a candidate); no confidence stop, so drafts are long enough.
+    "swift": {"method": "swift", "skip_ratio": 0.5, "context_window": 1,
+              "draft_confidence_threshold": 0.0, "patience": 100000},
+}
+
+
+@pytest.mark.parametrize("method", list(CONFIGS))
+def test_sampling_distribution_matches_plain(tiny_llama, plain_samples, method):
+    config = {"num_speculative_tokens": 3, "adaptive_draft_length": False, **CONFIGS[method]}
     llm = make_llm(tiny_llama, speculative_config=config, max_model_len=256)
     try:
         spec = sample(llm, 1.0)
         counters = spec_decode_counters(llm)
+        status = proposer_stats(llm)
     finally:
         shutdown(llm)
+    if method == "swift":
+        # ~1500 requests of 4 tokens run in a few waves of 4 steps each: every
+        # step scored a candidate.
+        assert status["swift"]["optimization_steps"] >= 10, status["swift"]
 
     plain = plain_samples[1.0]
     # The rejection path really ran: drafts were proposed, some rejected.
