@@ -1,4 +1,4 @@
-"""Benchmark plain decoding, vLLM's ngram and layer_skip on Spec-Bench prompts.
+"""Benchmark plain decoding, vLLM's ngram, layer_skip and swift on Spec-Bench prompts.
 
 Each configuration runs in its own LLM engine, greedy, over the chat-templated
 first turns of Spec-Bench questions. Per configuration: output tokens/s, speedup
@@ -23,7 +23,7 @@ import time
 
 IOMP_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                          ".venv", "lib", "libiomp5.so")
-METHODS = ("plain", "ngram", "layer_skip")
+METHODS = ("plain", "ngram", "layer_skip", "swift")
 
 
 # ---- command line ------------------------------------------------------------------
@@ -35,6 +35,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     p.add_argument("--ratios", type=float, nargs="+", default=[0.2, 0.35, 0.5])
+    p.add_argument("--swift-ratio", type=float, default=0.45,
+                   help="swift's skip ratio r; layer_skip with swift's initial (evenly "
+                        "spread) set at the same r runs next to it")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     p.add_argument("--draft-length", nargs="+", choices=("adaptive", "fixed"),
@@ -82,7 +85,27 @@ def build_configs(args) -> list[tuple[str, dict | None]]:
         configs.append((f"layer_skip r=0 (no skip){suffix}", base))
         for r in args.ratios:
             configs.append((f"layer_skip r={r:g}{suffix}", {**base, "skip_ratio": r}))
+    for mode in args.draft_length if "swift" in args.methods else []:
+        extra, suffix = ({}, "") if mode == "adaptive" else (
+            {"adaptive_draft_length": False}, ", fixed K")
+        r = args.swift_ratio
+        configs.append((f"layer_skip swift's initial set r={r:g}{suffix}",
+                        {"method": "layer_skip", "num_speculative_tokens": k, **extra,
+                         **swift_initial_set(args.model_path, r)}))
+        configs.append((f"swift r={r:g}{suffix}", {"method": "swift", "num_speculative_tokens": k,
+                                                   "skip_ratio": r, **extra}))
     return configs
+
+
+def swift_initial_set(model: str, ratio: float) -> dict:
+    """The evenly spread set SWIFT starts from, as layer_skip options."""
+    from vllm_layerskip.options import SwiftOptions
+    from vllm_layerskip.skip_search import SubLayerSpace
+
+    with open(os.path.join(model, "config.json")) as f:
+        num_layers = json.load(f)["num_hidden_layers"]
+    space = SubLayerSpace(num_layers)
+    return space.layer_sets(space.evenly_spread(SwiftOptions(skip_ratio=ratio).num_skipped(num_layers)))
 
 
 def make_llm(args, model: str, spec: dict | None):
@@ -171,6 +194,10 @@ def add_derived(results: list[dict], dtype: str) -> None:
         r["parity"] = parity(r, plain)
         r["c"] = r["v"] = r["expected_speedup"] = None
         st = r["proposer_stats"]
+        if st.get("swift"):
+            # Share of the timed wall clock spent scoring candidates on the
+            # engine thread (the optimizer thread runs beside it).
+            r["optimizer_share"] = st["swift"]["score_seconds"] / r["seconds"]
         if plain and st.get("num_forward_steps"):
             r["draft_seconds_per_step"] = st["draft_seconds"] / st["num_forward_steps"]
             r["c"] = r["draft_seconds_per_step"] / plain["seconds_per_step"]
@@ -204,15 +231,33 @@ def fmt(v, spec=".2f") -> str:
 
 
 def markdown_table(results: list[dict]) -> str:
-    rows = ["| config | tok/s | speedup | M | alpha | c | v | E (Eq. 6) | drafting | parity |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+    rows = ["| config | tok/s | speedup | M | alpha | c | v | E (Eq. 6) | drafting | optimizer | parity |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
     for r in results:
         par = "-" if r["parity"] is None else ("yes" if r["parity"]["equal"] else "**NO**")
         drafting = r["proposer_stats"].get("drafting_fraction")
         rows.append(f"| {r['name']} | {r['tokens_per_second']:.1f} | {fmt(r['speedup'])} | "
                     f"{fmt(r['M'])} | {fmt(r['alpha'])} | {fmt(r['c'], '.3f')} | {fmt(r['v'])} | "
-                    f"{fmt(r['expected_speedup'])} | {fmt(drafting, '.0%')} | {par} |")
+                    f"{fmt(r['expected_speedup'])} | {fmt(drafting, '.0%')} | "
+                    f"{fmt(r.get('optimizer_share'), '.0%')} | {par} |")
     return "\n".join(rows)
+
+
+def swift_notes(results: list[dict]) -> str:
+    """What each swift run learned."""
+    notes = []
+    for r in results:
+        sw = r["proposer_stats"].get("swift")
+        if not sw:
+            continue
+        reason = f" ({sw['stop_reason']})" if sw["stop_reason"] else ""
+        notes.append(
+            f"- {r['name']}: phase {sw['phase']}{reason}, "
+            f"{sw['optimization_steps']} optimization steps, matchness {fmt(sw['initial_matchness'])} "
+            f"(initial set) -> {fmt(sw['best_matchness'])} (best), r={sw['skip_ratio']:g}, "
+            f"scoring {sw['score_seconds']:.1f} s on the engine thread, optimizer thread "
+            f"{sw['worker_seconds']:.1f} s; learned set {sw['best_set']}")
+    return "\n".join(notes)
 
 
 def machine_info(args, model: str) -> dict:
@@ -261,6 +306,7 @@ def main() -> None:
     from vllm_layerskip.measure import load_spec_bench
 
     model = args.model or ensure_default_model()
+    args.model_path = model
     questions = load_spec_bench(args.per_category)
     info = machine_info(args, model)
     results = []
@@ -274,6 +320,8 @@ def main() -> None:
         results.append(r)
     add_derived(results, args.dtype)
     text = header(args, info, len(questions)) + "\n\n" + markdown_table(results)
+    if swift_notes(results):
+        text += "\n\n" + swift_notes(results)
     bad = [r for r in results if r["parity"] and not r["parity"]["equal"]]
     for r in bad:
         text += f"\n\nPARITY FAILURE {r['name']}: {r['parity']}"

@@ -67,7 +67,7 @@ CONFIGS = {
     # changes between steps while requests are in flight.
     "swift-K4-optimizing": {"method": "swift", "num_speculative_tokens": 4, "context_window": 8,
                             "bo_interval": 3, "patience": 10000, "max_optimization_steps": 10000,
-                            **FIXED},
+                            "max_optimizer_share": 1.0, **FIXED},
     "swift-K6-adaptive": {"method": "swift", "num_speculative_tokens": 6, "context_window": 8,
                           "patience": 10000},
 }
@@ -113,7 +113,8 @@ def test_layer_skip_greedy_parity(smollm2_path, plain, name):
         # The optimizer ran all along and really switched masks mid-run. (Fewer
         # steps with a suggestion from the Gaussian process every 3rd step: a
         # step whose candidate is not ready yet drafts without scoring one.)
-        assert swift["optimization_steps"] > (25 if name == "swift-K4-optimizing" else 50), swift
+        # The default max_optimizer_share (0.1) lets fewer steps score a candidate.
+        assert swift["optimization_steps"] > (25 if name == "swift-K4-optimizing" else 5), swift
         assert swift["improvements"] >= 1, swift
         if name == "swift-K4-optimizing":
             assert swift["bayes_suggestions"] >= 5, swift

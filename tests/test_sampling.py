@@ -65,7 +65,8 @@ CONFIGS = {
     # SWIFT re-chooses its set while sampling (a 1-token context window: every
     # step scores a candidate); no confidence stop, so drafts are long enough.
     "swift": {"method": "swift", "skip_ratio": 0.5, "context_window": 1,
-              "draft_confidence_threshold": 0.0, "patience": 100000},
+              "draft_confidence_threshold": 0.0, "patience": 100000,
+              "max_optimizer_share": 1.0},
 }
 
 

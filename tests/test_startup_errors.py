@@ -63,6 +63,8 @@ def test_good_config_maps_to_our_proposer_and_reserves_lookahead(smollm2_path):
          "'target_matchness' must be in [0, 1], got 1.5"),
         ({"method": "swift", "num_speculative_tokens": 4, "skip_ratio": 0.005},
          "'skip_ratio' 0.005 skips no sub-layer of this model (56 candidates); raise it."),
+        ({"method": "swift", "num_speculative_tokens": 4, "max_optimizer_share": 0},
+         "'max_optimizer_share' must be > 0"),
         ({"method": "swift", "num_speculative_tokens": 4, "skip_layers": [3]},
          "Unknown key(s) in the speculative config for method 'swift': 'skip_layers'"),
     ],

@@ -71,7 +71,8 @@ def drive(search, engine, runner, steps):
 
 def options(**kw):
     base = dict(skip_ratio=0.5, context_window=8, bo_interval=1000, patience=50,
-                max_optimization_steps=400, target_matchness=0.95, seed=1)
+                max_optimization_steps=400, target_matchness=0.95, seed=1,
+                max_optimizer_share=1.0)
     return SwiftOptions(**{**base, **kw})
 
 

@@ -144,6 +144,10 @@ class SwiftOptions(DraftingOptions):
     """Decoding steps per optimization step while optimizing."""
     max_score_tokens: int = 128
     """Most tokens one scoring pass covers (windows of the running requests)."""
+    max_optimizer_share: float = 0.1
+    """Most of the engine's busy time spent scoring candidates; an optimization
+    step that would exceed it waits. 1 = score every step (the paper's setting).
+    Keeps optimizing from making serving slower than plain decoding."""
     seed: int = 0
     """Seed of the random search and the Bayesian optimizer."""
     state_file: str | None = None
@@ -168,6 +172,12 @@ class SwiftOptions(DraftingOptions):
         _check_number("reoptimize_below", self.reoptimize_below, 0.0, 1.0)
         _check_int("optimize_interval", self.optimize_interval, minimum=1, unit="steps")
         _check_int("max_score_tokens", self.max_score_tokens, minimum=1, unit="tokens")
+        _check_number("max_optimizer_share", self.max_optimizer_share, 0.0, 1.0)
+        if self.max_optimizer_share == 0:
+            raise LayerSkipConfigError(
+                "'max_optimizer_share' must be > 0 (the optimizer needs some time); "
+                "to keep a set fixed use method 'layer_skip'."
+            )
         _check_int("seed", self.seed, minimum=0, unit="")
         if self.state_file is not None and (
             not isinstance(self.state_file, str) or not self.state_file
@@ -224,7 +234,10 @@ def _check_bool(key: str, value: Any) -> None:
         raise LayerSkipConfigError(f"'{key}' must be true or false, got {value!r}.")
 
 
-OPTIONS_BY_METHOD: dict[str, type] = {"layer_skip": LayerSkipOptions, "swift": SwiftOptions}
+OPTIONS_BY_METHOD: dict[str, type] = {
+    "layer_skip": LayerSkipOptions,
+    "swift": SwiftOptions,
+}
 
 
 def is_layerskip_method(method: Any) -> bool:

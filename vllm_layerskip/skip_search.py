@@ -99,11 +99,12 @@ class BayesianSetOptimizer:
     UCB acquisition with kappa 2.5 and GP noise alpha 1e-2, as SWIFT's reference
     code. The acquisition is maximized with fewer random and L-BFGS starts than
     the package's default (10000 / 10), which took ~10 s per suggestion at 200
-    observations in 56 dimensions on a 2-core CPU; 2000 / 2 takes ~1 s.
+    observations in 56 dimensions on a 2-core CPU; 1000 / 1 takes ~1 s. (Random
+    starts alone, without L-BFGS, missed an obvious optimum in a synthetic check.)
     """
 
     def __init__(self, space: SubLayerSpace, seed: int, kappa: float = 2.5,
-                 n_random: int = 2000, n_smart: int = 2):
+                 n_random: int = 1000, n_smart: int = 1):
         from bayes_opt import BayesianOptimization, acquisition
 
         class _UCB(acquisition.UpperConfidenceBound):

@@ -59,6 +59,8 @@ logger = logging.getLogger("vllm.layerskip")
 
 # Acceptance needs this many verified draft tokens before it decides anything.
 MIN_ACCEPTANCE_TOKENS = 64
+# Gaps between steps longer than this are idle time, not engine work.
+MAX_STEP_GAP_S = 1.0
 # Scoring passes that may fail before optimization is given up.
 MAX_SCORE_FAILURES = 3
 SAVE_INTERVAL_S = 5.0
@@ -138,6 +140,9 @@ class SwiftSearch:
         self.baseline_acceptance: float | None = None
         self.recent = deque()  # (drafted, accepted) of the last verify steps
         self.last_save = 0.0
+        self.busy_seconds = 0.0  # engine time while this search was active
+        self.last_step_time: float | None = None
+        self.budget_skips = 0
 
         state = load_state(options.state_file, identity) if options.state_file else None
         self.worker = _SuggestionWorker(self.space, options.seed)
@@ -153,6 +158,10 @@ class SwiftSearch:
 
     def step(self, runner, engine, requests: DraftRequests) -> None:
         self.decode_steps += 1
+        now = time.perf_counter()
+        if self.last_step_time is not None:
+            self.busy_seconds += min(now - self.last_step_time, MAX_STEP_GAP_S)
+        self.last_step_time = now
         if self.phase not in ("accumulating", "optimizing"):
             return
         if self.worker.error is not None:
@@ -166,8 +175,15 @@ class SwiftSearch:
             return
         if self.phase == "accumulating":
             self._set_phase("optimizing")
+        share = self.options.max_optimizer_share
+        if share < 1.0 and self.score_seconds > share * self.busy_seconds:
+            self.budget_skips += 1
+            return
         candidate = self.worker.take()
         if candidate is None:  # still being computed: decoding does not wait
+            return
+        if len(candidate.coords) != self.count:  # asked for before r was lowered
+            self._request_candidate()
             return
         try:
             self._score_candidate(runner, engine, windows, candidate)
@@ -413,6 +429,8 @@ class SwiftSearch:
             "score_passes": self.score_passes,
             "score_tokens": self.score_tokens,
             "score_seconds": self.score_seconds,
+            "busy_seconds": self.busy_seconds,
+            "budget_skips": self.budget_skips,
             "worker_seconds": self.worker.busy_seconds,
             "bayes_suggestions": self.worker.num_bayes,
             "random_suggestions": self.worker.num_random,
