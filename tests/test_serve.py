@@ -1,4 +1,4 @@
-"""`vllm serve` as a real process on loopback with method layer_skip: the OpenAI
+"""`vllm serve` as a real process on loopback with method layer_skip (and swift): the OpenAI
 client gets a chat completion and a streamed completion, the Prometheus endpoint
 shows the spec-decode counters, and a bad config stops the server at start-up
 with the plugin's message."""
@@ -36,11 +36,9 @@ def get(url, timeout=5):
         return r.status, r.read().decode()
 
 
-@pytest.fixture(scope="module")
-def server(smollm2_path, tmp_path_factory):
+def start_server(model, spec, log):
     port = free_port()
-    log = open(tmp_path_factory.mktemp("serve") / "server.log", "w+")
-    proc = subprocess.Popen(serve_command(smollm2_path, port, SPEC), stdout=log,
+    proc = subprocess.Popen(serve_command(model, port, spec), stdout=log,
                             stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 240
@@ -56,12 +54,23 @@ def server(smollm2_path, tmp_path_factory):
     else:
         proc.kill()
         pytest.fail("vllm serve did not become healthy within 240 s")
-    yield base, smollm2_path
+    return proc, base
+
+
+def stop_server(proc):
     proc.terminate()
     try:
         proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_path, tmp_path_factory):
+    log = open(tmp_path_factory.mktemp("serve") / "server.log", "w+")
+    proc, base = start_server(smollm2_path, SPEC, log)
+    yield base, smollm2_path
+    stop_server(proc)
     log.close()
 
 
@@ -128,3 +137,40 @@ def test_bad_config_stops_serve_at_startup(smollm2_path):
     assert proc.returncode != 0
     assert "'skip_layers' has layer indices [31] outside the model, which has 30 decoder layers" in (
         proc.stdout + proc.stderr)
+
+
+SWIFT_SPEC = {"method": "swift", "num_speculative_tokens": 4, "context_window": 4,
+              "adaptive_draft_length": False, "max_optimizer_share": 1.0}
+
+
+def test_swift_server_serves_concurrent_streams(server, smollm2_path, tmp_path):
+    """A second server with method swift, its optimizer busy while 6 streamed
+    requests run at once: every text equals the layer_skip server's (both are
+    plain decoding's, float32 greedy), and the log shows the optimizer at work."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    base_ls, model = server
+    prompts = [f"Once upon a time there was a {w} who" for w in
+               ("cat", "robot", "river", "lighthouse", "dragon", "teacher")]
+    expected = [client(base_ls).completions.create(model=model, prompt=p, temperature=0,
+                                                   max_tokens=40).choices[0].text
+                for p in prompts]
+    log_path = tmp_path / "swift_server.log"
+    with open(log_path, "w+") as log:
+        proc, base = start_server(smollm2_path, SWIFT_SPEC, log)
+        try:
+            def stream(p):
+                chunks = client(base).completions.create(
+                    model=model, prompt=p, temperature=0, max_tokens=40, stream=True)
+                return "".join(ch.choices[0].text for ch in chunks if ch.choices)
+
+            with ThreadPoolExecutor(len(prompts)) as pool:
+                got = list(pool.map(stream, prompts))
+            _, text = get(base + "/metrics")
+            server_log = log_path.read_text()  # before shutdown, which logs its own errors
+        finally:
+            stop_server(proc)
+    assert got == expected and all(len(t) > 60 for t in got), got
+    assert metric(text, "vllm:spec_decode_num_drafts_total") > 0
+    assert "vllm-layerskip swift: accumulating, r=0.45" in server_log
+    assert "Traceback" not in server_log
