@@ -68,6 +68,9 @@ CONFIGS = {
     "swift-K4-optimizing": {"method": "swift", "num_speculative_tokens": 4, "context_window": 8,
                             "bo_interval": 3, "patience": 10000, "max_optimization_steps": 10000,
                             "max_optimizer_share": 1.0, **FIXED},
+    # Self-SD with the shipped profile and its adaptive draft-exiting threshold.
+    "self_sd-K8-shipped": {"method": "self_sd", "profile": "shipped", "num_speculative_tokens": 8,
+                           **FIXED},
     "swift-K6-adaptive": {"method": "swift", "num_speculative_tokens": 6, "context_window": 8,
                           "patience": 10000},
 }
@@ -118,3 +121,5 @@ def test_layer_skip_greedy_parity(smollm2_path, plain, name):
         assert swift["improvements"] >= 1, swift
         if name == "swift-K4-optimizing":
             assert swift["bayes_suggestions"] >= 5, swift
+    if name.startswith("self_sd"):
+        assert status["self_sd"]["threshold_updates"] > 20, status["self_sd"]

@@ -2,6 +2,7 @@
 
     vllm-layerskip prepare-model     # convert SmolLM2-135M-Instruct once, print its path
     vllm-layerskip demo              # plain vs layer_skip on Spec-Bench prompts
+    vllm-layerskip search --out P    # Self-SD: Bayesian search of a skip profile
 """
 
 from __future__ import annotations
@@ -69,7 +70,19 @@ def main(argv: list[str] | None = None) -> int:
                       help=f"JSON, as for vllm serve (default: {json.dumps(DEMO_SPEC)})")
     demo.add_argument("--num-prompts", type=int, default=4)
     demo.add_argument("--max-tokens", type=int, default=96)
+    from vllm_layerskip.search import add_arguments
+
+    search = sub.add_parser("search", help="Bayesian search of a skip set; writes a profile "
+                                           "for method self_sd")
+    add_arguments(search)
     args = parser.parse_args(argv)
+
+    if args.command == "search":
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        from vllm_layerskip.search import run_search
+
+        run_search(args)
+        return 0
 
     if args.command == "prepare-model":
         from vllm_layerskip.default_model import ensure_default_model

@@ -15,8 +15,8 @@ from typing import Any
 
 # Methods whose proposer works end to end. A method is listed here only once it
 # really works: asking for a planned one gives a clear error, never a fallback.
-AVAILABLE_METHODS = ("layer_skip", "swift")
-PLANNED_METHODS = ("clasp", "self_sd", "adadecode")
+AVAILABLE_METHODS = ("layer_skip", "swift", "self_sd")
+PLANNED_METHODS = ("clasp", "adadecode")
 
 # Keys of vLLM's own SpeculativeConfig that a layer-skip method cannot take:
 # the draft is the target model itself.
@@ -209,6 +209,48 @@ class SwiftOptions(DraftingOptions):
             load_state(self.state_file, model)  # raises on a corrupt or foreign file
 
 
+@dataclass(frozen=True)
+class SelfSdOptions(DraftingOptions):
+    """Options of method `self_sd` (Draft & Verify, Zhang et al., ACL 2024):
+    a skip set searched offline (a profile) and the adaptive draft-exiting
+    threshold of its Eq. 2-4 (defaults: Appendix B)."""
+
+    profile: str | None = None
+    """Path of a skip profile written by `vllm-layerskip search`, or "shipped"
+    for the profile that ships with the plugin for this model."""
+    draft_confidence_threshold: float = 0.6
+    """gamma_0: the initial draft-exiting threshold (adapted while serving)."""
+    adaptive_threshold: bool = True
+    """Adapt the threshold to keep acceptance near `target_acceptance` (Eq. 2-4)."""
+    target_acceptance: float = 0.85
+    """alpha: the acceptance rate the threshold steers towards."""
+    threshold_step: float = 0.01
+    """epsilon: step of the threshold update."""
+    acceptance_smoothing: float = 0.5
+    """beta_1: AR <- beta_1 AR + (1 - beta_1) AR_e."""
+    threshold_smoothing: float = 0.9
+    """beta_2: gamma <- beta_2 gamma + (1 - beta_2) gamma~."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not isinstance(self.profile, str) or not self.profile:
+            raise LayerSkipConfigError(
+                "Method 'self_sd' needs 'profile': the path of a skip profile from "
+                "`vllm-layerskip search --model MODEL --out PROFILE.json`, or \"shipped\" "
+                f"for the profile shipped for the model; got {self.profile!r}."
+            )
+        _check_bool("adaptive_threshold", self.adaptive_threshold)
+        _check_number("target_acceptance", self.target_acceptance, 0.0, 1.0)
+        _check_number("threshold_step", self.threshold_step, 0.0, 1.0)
+        _check_number("acceptance_smoothing", self.acceptance_smoothing, 0.0, 1.0)
+        _check_number("threshold_smoothing", self.threshold_smoothing, 0.0, 1.0)
+
+    def validate_for_model(self, model: ModelIdentity) -> None:
+        from vllm_layerskip.profiles import load_profile  # the format lives there
+
+        load_profile(self.profile, model)
+
+
 def _check_number(key: str, value: Any, low: float, high: float) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise LayerSkipConfigError(
@@ -237,6 +279,7 @@ def _check_bool(key: str, value: Any) -> None:
 OPTIONS_BY_METHOD: dict[str, type] = {
     "layer_skip": LayerSkipOptions,
     "swift": SwiftOptions,
+    "self_sd": SelfSdOptions,
 }
 
 

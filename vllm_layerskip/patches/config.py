@@ -32,6 +32,7 @@ from vllm_layerskip.patches import Patch, call_original
 PROPOSER_CLASSES = {
     "layer_skip": "vllm_layerskip.proposers.layer_skip.LayerSkipProposer",
     "swift": "vllm_layerskip.proposers.swift.SwiftProposer",
+    "self_sd": "vllm_layerskip.proposers.self_sd.SelfSdProposer",
 }
 
 

@@ -1,0 +1,89 @@
+"""Method `self_sd`: draft with a skip set searched offline (Draft & Verify,
+Zhang et al., ACL 2024) and stop each draft with the adaptive draft-exiting
+threshold of the paper's Eq. 2-4.
+
+The profile comes from `vllm-layerskip search` (search.py). The threshold is
+engine-wide: after each verify step, AR_e is the acceptance rate of the drafts
+it verified (all requests together), and
+
+    AR    <- beta_1 AR + (1 - beta_1) AR_e        (AR = AR_1 at the first step)
+    g~     = gamma + eps  if AR <= alpha  else  gamma - eps
+    gamma <- beta_2 gamma + (1 - beta_2) g~
+
+so a draft stops at the first token whose top-1 probability is below gamma, and
+gamma rises while acceptance is under the target alpha.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from vllm_layerskip.draft_engine import DraftRequests, DraftResult
+from vllm_layerskip.model_adapter import model_identity
+from vllm_layerskip.options import SkipMask
+from vllm_layerskip.profiles import load_profile
+from vllm_layerskip.proposers.base import LayerSkipProposerBase
+
+logger = logging.getLogger("vllm.layerskip")
+
+
+@dataclass
+class AdaptiveThreshold:
+    """The draft-exiting threshold and its update rule (Eq. 2-4)."""
+
+    gamma: float = 0.6
+    target: float = 0.85  # alpha
+    step: float = 0.01  # epsilon
+    beta1: float = 0.5
+    beta2: float = 0.9
+    acceptance: float | None = None  # AR; None before the first verification
+    updates: int = 0
+
+    def update(self, acceptance_e: float) -> float:
+        if self.acceptance is None:  # e = 1: beta_1 = 0
+            self.acceptance = acceptance_e
+        else:
+            self.acceptance = self.beta1 * self.acceptance + (1 - self.beta1) * acceptance_e
+        moved = self.gamma + self.step if self.acceptance <= self.target else self.gamma - self.step
+        self.gamma = self.beta2 * self.gamma + (1 - self.beta2) * moved
+        self.updates += 1
+        return self.gamma
+
+
+class SelfSdProposer(LayerSkipProposerBase):
+    def on_model_loaded(self) -> None:
+        identity = model_identity(self.vllm_config.model_config)
+        self.profile = load_profile(self.options.profile, identity)
+        self.mask = SkipMask.from_sets(
+            self.engine.num_layers, self.profile.skip_attn, self.profile.skip_mlp
+        )
+        o = self.options
+        self.threshold = AdaptiveThreshold(
+            gamma=o.draft_confidence_threshold, target=o.target_acceptance,
+            step=o.threshold_step, beta1=o.acceptance_smoothing, beta2=o.threshold_smoothing,
+        )
+        logger.info(
+            "vllm-layerskip self_sd: profile %s (%s %.4g), %s", self.profile.path,
+            self.profile.objective.get("name"), self.profile.objective.get("value", float("nan")),
+            self.mask.describe(),
+        )
+
+    def draft(self, runner, requests: DraftRequests) -> DraftResult:
+        return self.engine.draft(runner, requests, self.mask, self.threshold.gamma)
+
+    def on_verified(self, num_drafted: int, num_accepted: int) -> None:
+        if self.options.adaptive_threshold:
+            self.threshold.update(num_accepted / num_drafted)
+
+    def status(self) -> dict:
+        return {
+            **super().status(),
+            "self_sd": {
+                "profile": self.profile.path,
+                "skip_set": {"skip_attn": self.profile.skip_attn, "skip_mlp": self.profile.skip_mlp},
+                "threshold": self.threshold.gamma,
+                "acceptance": self.threshold.acceptance,
+                "threshold_updates": self.threshold.updates,
+            },
+        }
