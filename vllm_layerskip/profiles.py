@@ -17,12 +17,11 @@ for one checkpoint says nothing about another one with the same shapes.
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from vllm_layerskip.jsonfile import read_versioned_json, write_json_atomic
 from vllm_layerskip.options import LayerSkipConfigError, ModelIdentity
 
 PROFILE_FORMAT = "vllm-layerskip/skip-profile"
@@ -93,18 +92,7 @@ def load_profile(profile: str, model: ModelIdentity) -> SkipProfile:
     path = resolve_profile_path(profile, model)
     if not path.exists():
         raise _refuse(path, "does not exist")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as e:
-        raise _refuse(path, f"cannot be read ({e})") from e
-    except json.JSONDecodeError as e:
-        raise _refuse(path, f"is not valid JSON ({e})") from e
-    if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
-        raise _refuse(path, f"is not a skip profile (no \"format\": \"{PROFILE_FORMAT}\")")
-    if data.get("version") != PROFILE_VERSION:
-        raise _refuse(
-            path, f"has version {data.get('version')!r}; this plugin reads version {PROFILE_VERSION}"
-        )
+    data = read_versioned_json(path, PROFILE_FORMAT, PROFILE_VERSION, "a skip profile", _refuse)
     try:
         saved = ModelIdentity(**data["model"])
         prof = SkipProfile(
@@ -143,16 +131,4 @@ def _index(value) -> int:
 
 
 def save_profile(path: str | os.PathLike, profile: SkipProfile) -> None:
-    """Atomic write: temporary file in the same directory, then rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(profile.to_json(), f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_json_atomic(path, profile.to_json())

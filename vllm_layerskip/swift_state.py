@@ -18,12 +18,11 @@ complete file (last writer wins; files are never merged).
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vllm_layerskip.jsonfile import read_versioned_json, write_json_atomic
 from vllm_layerskip.options import LayerSkipConfigError, ModelIdentity
 
 STATE_FORMAT = "vllm-layerskip/swift-state"
@@ -81,18 +80,7 @@ def load_state(path: str | os.PathLike, model: ModelIdentity) -> SwiftState | No
     path = Path(path)
     if not path.exists():
         return None
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as e:
-        raise _refuse(path, f"cannot be read ({e})") from e
-    except json.JSONDecodeError as e:
-        raise _refuse(path, f"is not valid JSON ({e})") from e
-    if not isinstance(data, dict) or data.get("format") != STATE_FORMAT:
-        raise _refuse(path, f"is not a SWIFT state file (no \"format\": \"{STATE_FORMAT}\")")
-    if data.get("version") != STATE_VERSION:
-        raise _refuse(
-            path, f"has version {data.get('version')!r}; this plugin reads version {STATE_VERSION}"
-        )
+    data = read_versioned_json(path, STATE_FORMAT, STATE_VERSION, "a SWIFT state file", _refuse)
     try:
         saved_model = ModelIdentity(**data["model"])
         best = data["best"]
@@ -128,16 +116,4 @@ def load_state(path: str | os.PathLike, model: ModelIdentity) -> SwiftState | No
 
 
 def save_state(path: str | os.PathLike, state: SwiftState) -> None:
-    """Write atomically: a temporary file in the same directory, then rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(state.to_json(), f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_json_atomic(path, state.to_json())
