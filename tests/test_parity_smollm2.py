@@ -112,7 +112,8 @@ def test_layer_skip_greedy_parity(smollm2_path, plain, name):
         assert counters.draft_tokens == counters.drafts
     if name.startswith("swift"):
         swift = status["swift"]
-        assert swift["phase"] == "optimizing" and not swift["error"], swift
+        # (A short context window can reach the target matchness: then accelerating.)
+        assert swift["phase"] in ("optimizing", "accelerating") and not swift["error"], swift
         # The optimizer ran all along and really switched masks mid-run. (Fewer
         # steps with a suggestion from the Gaussian process every 3rd step: a
         # step whose candidate is not ready yet drafts without scoring one.)
