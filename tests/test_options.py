@@ -3,6 +3,7 @@
 import pytest
 
 from vllm_layerskip.options import (
+    ClaspOptions,
     LayerSkipConfigError,
     LayerSkipOptions,
     SkipMask,
@@ -67,10 +68,42 @@ def test_bad_options_are_rejected_with_their_key(raw, message):
     assert message in str(e.value)
 
 
-@pytest.mark.parametrize("method", ["clasp", "adadecode"])
+@pytest.mark.parametrize("method", ["adadecode"])
 def test_planned_methods_fail_clearly(method):
     with pytest.raises(LayerSkipConfigError, match=f"'{method}' of vllm-layerskip is not available yet"):
         split_speculative_config({"method": method}, VLLM_KEYS)
+
+
+@pytest.mark.parametrize(
+    "raw,message",
+    [
+        ({"num_skip_layers": 0}, "'num_skip_layers' must be a positive integer (layers), got 0"),
+        ({"num_skip_layers": 4.5}, "'num_skip_layers' must be a positive integer (layers), got 4.5"),
+        ({"skip_ratio": 1.0}, "'skip_ratio' must be a number in (0, 1), got 1.0"),
+        ({"skip_ratio": 0.4, "num_skip_layers": 12}, "either 'num_skip_layers' or 'skip_ratio'"),
+        ({"layer_optimization_interval": 0},
+         "'layer_optimization_interval' must be a positive integer (verify steps between DP runs), got 0"),
+        ({"protect_first_layers": -1}, "'protect_first_layers' must be an integer >= 0 (layers), got -1"),
+        ({"protect_last_layers": True}, "'protect_last_layers' must be an integer >= 0"),
+        ({"max_dp_requests": 0}, "'max_dp_requests' must be a positive integer (requests), got 0"),
+        # The paper's name for it: the key shared by every method is suggested.
+        ({"draft_exiting_threshold": 0.5},
+         "'draft_exiting_threshold' (did you mean 'draft_confidence_threshold'?)"),
+    ],
+)
+def test_bad_clasp_options_are_rejected_with_their_key(raw, message):
+    with pytest.raises(LayerSkipConfigError) as e:
+        split_speculative_config({"method": "clasp", **raw}, VLLM_KEYS)
+    assert message in str(e.value)
+
+
+def test_clasp_defaults_follow_the_paper():
+    method, options, _ = split_speculative_config({"method": "clasp"}, VLLM_KEYS)
+    assert method == "clasp" and isinstance(options, ClaspOptions)
+    assert options.num_skipped(32) == 16  # half the layers
+    assert options.draft_confidence_threshold == 0.7  # the draft-exiting threshold
+    assert ClaspOptions(skip_ratio=0.4).num_skipped(30) == 12
+    assert ClaspOptions(num_skip_layers=9).num_skipped(30) == 9
 
 
 def test_split_keeps_vllm_keys_for_vllm():

@@ -49,14 +49,31 @@ def test_good_config_maps_to_our_proposer_and_reserves_lookahead(smollm2_path):
          "'draft_confidence_threshold' must be in [0, 1], got -0.5"),
         ({"method": "layer_skip"}, "Method 'layer_skip' needs 'num_speculative_tokens'"),
         ({"method": "layer_skip", "num_speculative_tokens": 0}, "'num_speculative_tokens' must be a positive integer, got 0"),
-        ({"method": "clasp", "num_speculative_tokens": 4},
-         "Speculative method 'clasp' of vllm-layerskip is not available yet"),
+        ({"method": "adadecode", "num_speculative_tokens": 4},
+         "Speculative method 'adadecode' of vllm-layerskip is not available yet"),
         ({"method": "self_sd", "num_speculative_tokens": 12},
          "Method 'self_sd' needs 'profile'"),
         ({"method": "self_sd", "num_speculative_tokens": 12, "profile": "/nonexistent/p.json"},
          "Skip profile '/nonexistent/p.json' does not exist. Create one for this model with `vllm-layerskip search"),
         ({"method": "self_sd", "num_speculative_tokens": 12, "profile": "shipped",
           "target_acceptance": 1.2}, "'target_acceptance' must be in [0, 1], got 1.2"),
+        ({"method": "clasp", "num_speculative_tokens": 4, "num_skip_layers": 30},
+         "'num_skip_layers' asks to skip 30 layers, but this model has 30 decoder layers, 0 of them protected, and the draft keeps at least one: at most 29 can be skipped."),
+        ({"method": "clasp", "num_speculative_tokens": 4, "num_skip_layers": 20,
+          "protect_first_layers": 6, "protect_last_layers": 6},
+         "'num_skip_layers' asks to skip 20 layers, but this model has 30 decoder layers, 12 of them protected"),
+        ({"method": "clasp", "num_speculative_tokens": 4, "protect_first_layers": 15,
+          "protect_last_layers": 15},
+         "'protect_first_layers' + 'protect_last_layers' = 30 protects every one of the model's 30 decoder layers"),
+        ({"method": "clasp", "num_speculative_tokens": 4, "skip_ratio": 0.01},
+         "'skip_ratio' 0.01 skips no layer of this model (30 decoder layers); raise it."),
+        ({"method": "clasp", "num_speculative_tokens": 4, "layer_optimization_interval": -3},
+         "'layer_optimization_interval' must be a positive integer (verify steps between DP runs), got -3"),
+        ({"method": "clasp", "num_speculative_tokens": 4, "num_skip_layer": 8},
+         "Unknown key(s) in the speculative config for method 'clasp': 'num_skip_layer' (did you mean 'num_skip_layers'?)"),
+        ({"method": "clasp", "num_speculative_tokens": 4, "skip_attn": [3]},
+         "Unknown key(s) in the speculative config for method 'clasp': 'skip_attn'"),
+        ({"method": "clasp"}, "Method 'clasp' needs 'num_speculative_tokens'"),
         ({"method": "swift", "num_speculative_tokens": 4, "skip_ratio": 0},
          "'skip_ratio' must be a number in (0, 1), got 0"),
         ({"method": "swift", "num_speculative_tokens": 4, "skip_ratio": 1.2},
@@ -97,6 +114,19 @@ def test_swift_config_and_corrupt_state_file(smollm2_path, tmp_path):
                                      "state_file": str(corrupt)})
 
 
+def test_clasp_config_maps_to_its_proposer(smollm2_path):
+    config = engine_config(
+        smollm2_path, {"method": "clasp", "num_speculative_tokens": 8, "num_skip_layers": 12}
+    )
+    spec = config.speculative_config
+    assert spec.model == "vllm_layerskip.proposers.clasp.ClaspProposer"
+    assert spec.layerskip.method == "clasp"
+    options = spec.layerskip.options
+    assert options.num_skip_layers == 12 and options.layer_optimization_interval == 16
+    assert options.draft_confidence_threshold == 0.7  # the paper's draft-exiting threshold
+    assert config.num_lookahead_tokens == 8
+
+
 def test_unsupported_architecture(tmp_path):
     # A GPT-2 config: vLLM knows the architecture, the plugin does not.
     config = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 64,
@@ -107,6 +137,13 @@ def test_unsupported_architecture(tmp_path):
                       skip_tokenizer_init=True)
     assert "does not support architecture ['GPT2LMHeadModel']" in str(e.value)
     assert "Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM" in str(e.value)
+
+
+def test_swift_refuses_tensor_parallel(tiny_model_dir):
+    model = tiny_model_dir("llama", num_layers=4)
+    with pytest.raises(LayerSkipConfigError, match=r"Method 'swift' does not support tensor parallelism yet \(tensor_parallel_size=2\)"):
+        engine_config(model, {"method": "swift", "num_speculative_tokens": 2},
+                      tensor_parallel_size=2)
 
 
 def test_pipeline_parallel_is_refused(smollm2_path):

@@ -11,12 +11,12 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 # Methods whose proposer works end to end. A method is listed here only once it
 # really works: asking for a planned one gives a clear error, never a fallback.
-AVAILABLE_METHODS = ("layer_skip", "swift", "self_sd")
-PLANNED_METHODS = ("clasp", "adadecode")
+AVAILABLE_METHODS = ("layer_skip", "swift", "clasp", "self_sd")
+PLANNED_METHODS = ("adadecode",)
 
 # Keys of vLLM's own SpeculativeConfig that a layer-skip method cannot take:
 # the draft is the target model itself.
@@ -115,6 +115,10 @@ class SwiftOptions(DraftingOptions):
     """Options of method `swift` (defaults: SWIFT paper, Appendix B.2, and its
     reference code)."""
 
+    # The set is chosen by a per-process background thread: not yet agreed
+    # across tensor-parallel ranks (patches/config.py refuses TP > 1).
+    tensor_parallel_safe: ClassVar[bool] = False
+
     skip_ratio: float = 0.45
     """r: fraction of the 2(L-2) attention/MLP sub-layers of layers 1..L-2 that
     the draft skips (the first and last layer always run)."""
@@ -210,6 +214,87 @@ class SwiftOptions(DraftingOptions):
 
 
 @dataclass(frozen=True)
+class ClaspOptions(DraftingOptions):
+    """Options of method `clasp` (CLaSp, Chen et al., ACL 2025; defaults from
+    its Section 5.3)."""
+
+    DEFAULT_SKIP_RATIO = 0.5  # class constant, not an option
+
+    num_skip_layers: int | None = None
+    """M: whole decoder layers the draft skips. Give this or `skip_ratio`."""
+    skip_ratio: float | None = None
+    """M as a fraction of the L decoder layers: M = round(r * L). When neither
+    is given, r = 0.5 (the paper finds 40-60% best, Sec. 5.3.1)."""
+    layer_optimization_interval: int = 16
+    """Verify steps between DP runs. In the paper the speedup first rises with
+    the interval, then falls once it passes 128 (Sec. 3.7, 5.3.2, Fig. 4b); the
+    text names no single value, so 16 is our choice within that range."""
+    draft_confidence_threshold: float = 0.7
+    """The paper's draft-exiting threshold (Sec. 5.3.3, best near 0.7): stop a
+    request's draft once the draft's top-1 probability is below it."""
+    protect_first_layers: int = 0
+    """The DP never skips the first this many layers (the paper protects none)."""
+    protect_last_layers: int = 0
+    """The DP never skips the last this many layers."""
+    max_dp_requests: int = 8
+    """Most running requests whose last tokens enter one DP run; with more
+    running, they take turns. The DP's cost grows linearly with this."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.num_skip_layers is not None:
+            _check_int("num_skip_layers", self.num_skip_layers, minimum=1, unit="layers")
+        r = self.skip_ratio
+        if r is not None and (
+            isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 < r < 1.0
+        ):
+            raise LayerSkipConfigError(
+                f"'skip_ratio' must be a number in (0, 1), got {r!r}. CLaSp skips "
+                "this fraction of the decoder layers; the paper uses 0.4-0.6."
+            )
+        if r is not None and self.num_skip_layers is not None:
+            raise LayerSkipConfigError(
+                "Give either 'num_skip_layers' or 'skip_ratio' for method 'clasp', not both."
+            )
+        _check_int(
+            "layer_optimization_interval", self.layer_optimization_interval, minimum=1,
+            unit="verify steps between DP runs",
+        )
+        _check_int("protect_first_layers", self.protect_first_layers, minimum=0, unit="layers")
+        _check_int("protect_last_layers", self.protect_last_layers, minimum=0, unit="layers")
+        _check_int("max_dp_requests", self.max_dp_requests, minimum=1, unit="requests")
+
+    def num_skipped(self, num_layers: int) -> int:
+        """M for a model with `num_layers` decoder layers."""
+        if self.num_skip_layers is not None:
+            return self.num_skip_layers
+        return round((self.skip_ratio or self.DEFAULT_SKIP_RATIO) * num_layers)
+
+    def validate_for_model(self, model: ModelIdentity) -> None:
+        n = model.num_layers
+        m = self.num_skipped(n)
+        key = "num_skip_layers" if self.num_skip_layers is not None else "skip_ratio"
+        protected = self.protect_first_layers + self.protect_last_layers
+        if protected >= n:
+            raise LayerSkipConfigError(
+                f"'protect_first_layers' + 'protect_last_layers' = {protected} protects "
+                f"every one of the model's {n} decoder layers; nothing is left to skip."
+            )
+        if m < 1:
+            raise LayerSkipConfigError(
+                f"'skip_ratio' {self.skip_ratio} skips no layer of this model "
+                f"({n} decoder layers); raise it."
+            )
+        most = min(n - 1, n - protected)
+        if m > most:
+            raise LayerSkipConfigError(
+                f"'{key}' asks to skip {m} layers, but this model has {n} decoder layers, "
+                f"{protected} of them protected, and the draft keeps at least one: "
+                f"at most {most} can be skipped."
+            )
+
+
+@dataclass(frozen=True)
 class SelfSdOptions(DraftingOptions):
     """Options of method `self_sd` (Draft & Verify, Zhang et al., ACL 2024):
     a skip set searched offline (a profile) and the adaptive draft-exiting
@@ -280,6 +365,7 @@ OPTIONS_BY_METHOD: dict[str, type] = {
     "layer_skip": LayerSkipOptions,
     "swift": SwiftOptions,
     "self_sd": SelfSdOptions,
+    "clasp": ClaspOptions,
 }
 
 

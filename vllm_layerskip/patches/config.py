@@ -33,6 +33,7 @@ PROPOSER_CLASSES = {
     "layer_skip": "vllm_layerskip.proposers.layer_skip.LayerSkipProposer",
     "swift": "vllm_layerskip.proposers.swift.SwiftProposer",
     "self_sd": "vllm_layerskip.proposers.self_sd.SelfSdProposer",
+    "clasp": "vllm_layerskip.proposers.clasp.ClaspProposer",
 }
 
 
@@ -75,6 +76,15 @@ def _validate_for_target(method: str, options: Any, raw: dict, target_model_conf
             f"(pipeline_parallel_size={target_parallel_config.pipeline_parallel_size}): "
             "vLLM runs the drafter on the last pipeline stage only, which does not "
             "hold the early layers the draft pass needs. Use tensor parallelism."
+        )
+    tp = target_parallel_config.tensor_parallel_size
+    if tp > 1 and not getattr(options, "tensor_parallel_safe", True):
+        raise LayerSkipConfigError(
+            f"Method '{method}' does not support tensor parallelism yet "
+            f"(tensor_parallel_size={tp}): its optimizer thread chooses the skip set on "
+            "each rank independently, and ranks that skip different layers would hang "
+            "in their all-reduce. Use tensor_parallel_size=1, or a fixed set "
+            "(method 'layer_skip' or 'self_sd')."
         )
     check_model_supported(target_model_config)
     options.validate_for_model(model_identity(target_model_config))

@@ -1,0 +1,234 @@
+"""Method `clasp`: the skip set follows the context (CLaSp, Chen et al., ACL 2025).
+
+Every `layer_optimization_interval` verify steps, before drafting, a dynamic
+program (layer_dp.clasp_dp, the paper's Algorithm 1) re-chooses which M whole
+decoder layers the draft skips, so that the skipped model's residual stream
+stays closest (cosine) to the full model's on the last verified token. Drafts
+then stop per request once the draft's top-1 probability falls under the
+draft-exiting threshold (`draft_confidence_threshold`).
+
+One DP run, for the R requests it looks at, on each request's last verified
+token (position p - 1, p = the token just sampled; the verify pass already
+wrote its K/V):
+- Layer by layer, the layer runs once on the row g(i-1, 0..M) of every
+  request, as one batch of up to R * (M + 1) one-token queries at p - 1 (rows
+  repeat), each attending to its request's cached prefix and writing no KV;
+  kernels.clasp_dp.dp_select keeps computed or skipped per j. Column 0 is the
+  full model, so it yields the targets x_1..x_L on the way. Deviation from the
+  paper, which takes x_i from the verify pass: they are recomputed (R more rows
+  per layer call), so vLLM's verify pass needs no patch.
+- As in any no-write pass, the query at p - 1 attends to the K/V the cache
+  holds there, the target's, not to K/V made from the candidate itself: for
+  skipped-layer candidates one of p attended positions differs from a draft.
+- Backtracking from g(L, M) gives the skip set; the mask is swapped here, at
+  the step boundary, before this step's draft.
+Cost per run: L batched layer calls over sum_i R * (min(i-1, M) + 1) rows,
+about R * (L * (M + 1) - M^2 / 2) layer-token evaluations (SmolLM2, L = 30,
+M = 8, R = 1: ~8 single-token forwards of compute, in 30 layer calls).
+
+Batches: one engine-wide mask. The DP objective is the mean cosine over the
+last verified tokens of up to `max_dp_requests` running requests (they take
+turns when more run): a candidate skip set is shared by the requests, so its
+score is the mean of theirs. Cost grows linearly with R. Per-request masks
+would fit each context better but split every draft step into one forward per
+distinct mask; a round-robin DP on one request would be cheaper but would fit
+one request's context at a time.
+
+Why on the engine thread, not in a background thread: the DP's layer calls go
+through vLLM's attention layers, which read the forward context (attention
+metadata, KV slot mappings) from a process-global that the engine's own
+forward sets; run concurrently, either forward could see the other's context.
+The DP also reads the requests' KV blocks, which the engine frees and reuses
+as requests finish. So it runs synchronously in `before_draft`, every N steps
+(put off while the cost model keeps drafting off).
+
+A failing DP run is logged; drafting goes on with the last good mask. After
+MAX_CONSECUTIVE_FAILURES failures in a row the DP is stopped for good.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import torch
+
+from vllm_layerskip.draft_engine import DraftRequests, DraftResult
+from vllm_layerskip.faults import maybe_fail
+from vllm_layerskip.layer_dp import DPResult, clasp_dp
+from vllm_layerskip.options import ClaspOptions, SkipMask
+from vllm_layerskip.proposers.base import LayerSkipProposerBase
+
+logger = logging.getLogger("vllm.layerskip")
+
+MAX_CONSECUTIVE_FAILURES = 3
+
+
+class ClaspProposer(LayerSkipProposerBase):
+    def on_model_loaded(self) -> None:
+        self.search = ClaspSearch(self.options, self.engine.num_layers)
+
+    def before_draft(self, runner, requests: DraftRequests) -> None:
+        # A DP run only pays off if this step drafts, but the cost model decides
+        # that after this hook: the last step's decision stands in. While the
+        # cost model keeps drafting off, a due DP run waits, and runs on the
+        # step after drafting resumes (e.g. after a probe).
+        drafting = self.policy is None or bool(self._last_drafted)
+        self.search.step(runner, self.engine, requests, drafting)
+
+    def draft(self, runner, requests: DraftRequests) -> DraftResult:
+        return self.engine.draft(
+            runner, requests, self.search.mask, self.options.draft_confidence_threshold
+        )
+
+    def status(self) -> dict:
+        return {**super().status(), "clasp": self.search.summary()}
+
+
+def evenly_spread_layers(num_layers: int, count: int, protected=frozenset()) -> tuple[int, ...]:
+    """`count` unprotected layers spread evenly, avoiding the first and last
+    layer when enough others remain."""
+    candidates = [i for i in range(num_layers) if i not in protected]
+    inner = [i for i in candidates if 0 < i < num_layers - 1]
+    if len(inner) >= count:
+        candidates = inner
+    step = len(candidates) / count
+    return tuple(candidates[int(step * k + step / 2)] for k in range(count))
+
+
+def whole_layer_mask(num_layers: int, skipped) -> SkipMask:
+    return SkipMask.from_sets(num_layers, skipped, skipped)
+
+
+class ClaspSearch:
+    """When the DP runs, on which requests, and what is kept when it fails."""
+
+    def __init__(self, options: ClaspOptions, num_layers: int):
+        self.options = options
+        self.num_layers = num_layers
+        self.num_skip = options.num_skipped(num_layers)
+        first, last = options.protect_first_layers, options.protect_last_layers
+        self.protected = frozenset(range(first)) | frozenset(range(num_layers - last, num_layers))
+        # Drafts before the first DP run (and if it fails) use an even spread.
+        self.skipped = evenly_spread_layers(num_layers, self.num_skip, self.protected)
+        self.mask = whole_layer_mask(num_layers, self.skipped)
+        self.steps = 0
+        self.next_dp_step = 1
+        self.deferred = 0  # due DP runs put off while drafting was off
+        self.rotation = 0
+        self.stopped = False
+        self.error = ""
+        self.failures = self.consecutive_failures = 0
+        self.dp_runs = self.dp_requests = self.mask_changes = 0
+        self.dp_seconds = 0.0
+        self.score_sum = 0.0
+        self.last_score: float | None = None
+        self.jaccard_sum = 0.0  # similarity of consecutive skip sets (paper Fig. 3a)
+        logger.info(
+            "vllm-layerskip clasp: M=%d of %d layers, DP every %d steps, first mask %s",
+            self.num_skip, num_layers, options.layer_optimization_interval, list(self.skipped),
+        )
+
+    def step(self, runner, engine, requests: DraftRequests, drafting: bool = True) -> None:
+        self.steps += 1
+        if self.stopped or self.steps < self.next_dp_step:
+            return
+        picked = self._pick(requests)
+        if picked.size == 0:
+            return
+        if not drafting:
+            self.deferred += 1
+            return
+        self.next_dp_step = self.steps + self.options.layer_optimization_interval
+        start = time.perf_counter()
+        try:
+            result = self.run_dp(runner, engine, requests, picked)
+        except Exception as e:  # noqa: BLE001 - a DP failure must not stop serving
+            self._failed(e)
+            return
+        finally:
+            self.dp_seconds += time.perf_counter() - start
+        self._adopt(result, picked.size)
+
+    @torch.inference_mode()
+    def run_dp(self, runner, engine, requests: DraftRequests, picked: np.ndarray) -> DPResult:
+        rows = requests.rows[picked]
+        positions = requests.last_position[picked] - 1  # the last verified token
+        input_ids = runner.input_batch.token_ids_cpu[rows, positions].astype(np.int64)
+        x0 = engine.stack.embed(torch.from_numpy(input_ids).to(runner.device))
+        maybe_fail("clasp.dp")
+        metadata = {}  # per state count n: (rows, positions, attention metadata)
+
+        def layer_fn(i: int, states: torch.Tensor) -> torch.Tensor:  # [R, n, H]
+            r, n, h = states.shape
+            if n not in metadata:
+                cand_rows, cand_pos = np.repeat(rows, n), np.repeat(positions, n)
+                metadata[n] = (cand_rows, cand_pos, engine.state_metadata(runner, cand_rows, cand_pos))
+            cand_rows, cand_pos, md = metadata[n]
+            out = engine.run_layer(runner, i, cand_rows, cand_pos, states.reshape(r * n, h), md)
+            return out.reshape(r, n, h)
+
+        return clasp_dp(layer_fn, x0, engine.num_layers, self.num_skip, self.protected)
+
+    def _pick(self, requests: DraftRequests) -> np.ndarray:
+        """Indices into `requests` of at most max_dp_requests requests, taking
+        turns. Position p - 1 must exist (p >= 1 always holds after a sample)."""
+        eligible = np.flatnonzero(requests.last_position >= 1)
+        limit = self.options.max_dp_requests
+        if eligible.size <= limit:
+            return eligible
+        start = self.rotation % eligible.size
+        self.rotation += limit
+        return eligible[(start + np.arange(limit)) % eligible.size]
+
+    def _adopt(self, result: DPResult, num_requests: int) -> None:
+        self.dp_runs += 1
+        self.dp_requests += num_requests
+        self.consecutive_failures = 0
+        self.last_score = result.score
+        self.score_sum += result.score
+        old, new = set(self.skipped), set(result.skipped)
+        self.jaccard_sum += len(old & new) / len(old | new)
+        if new != old:
+            self.mask_changes += 1
+            # The draft loop reads self.mask once per step: swapping the
+            # reference here is the step-boundary switch.
+            self.skipped = result.skipped
+            self.mask = whole_layer_mask(self.num_layers, self.skipped)
+
+    def _failed(self, error: Exception) -> None:
+        self.failures += 1
+        self.consecutive_failures += 1
+        self.error = repr(error)
+        logger.exception(
+            "vllm-layerskip clasp: DP run failed (%d in a row); drafting continues with "
+            "the last good skip set %s", self.consecutive_failures, list(self.skipped),
+        )
+        if self.consecutive_failures >= MAX_CONSECUTIVE_FAILURES:
+            self.stopped = True
+            logger.error(
+                "vllm-layerskip clasp: %d DP failures in a row, no more DP runs; drafting "
+                "keeps skip set %s", self.consecutive_failures, list(self.skipped),
+            )
+
+    def summary(self) -> dict:
+        runs = self.dp_runs
+        return {
+            "num_skip_layers": self.num_skip,
+            "protected_layers": sorted(self.protected),
+            "skipped_layers": list(self.skipped),
+            "steps": self.steps,
+            "dp_runs": runs,
+            "dp_deferred": self.deferred,
+            "dp_requests": self.dp_requests,
+            "dp_seconds": self.dp_seconds,
+            "dp_seconds_per_run": self.dp_seconds / runs if runs else None,
+            "mask_changes": self.mask_changes,
+            "mean_jaccard_to_previous": self.jaccard_sum / runs if runs else None,
+            "last_cosine": self.last_score,
+            "mean_cosine": self.score_sum / runs if runs else None,
+            "failures": self.failures,
+            "stopped": self.stopped,
+            "error": self.error,
+        }
