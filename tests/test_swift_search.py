@@ -191,3 +191,35 @@ def test_state_file_round_trip_and_refusals(tmp_path):
     bad.write_text(json.dumps(data))
     with pytest.raises(LayerSkipConfigError, match="is corrupt: missing or malformed field"):
         options(state_file=str(bad)).validate_for_model(IDENTITY)
+
+
+def test_optimizer_share_cap_allows_no_burst_of_saved_up_time(monkeypatch):
+    """Engine steps take 0.1 s and a scoring pass 0.1 s (fake clock). A long
+    accumulation phase (128 steps, 12.8 s) must not leave the optimizer a budget
+    it can spend on every step afterwards: at most MAX_SCORE_CREDIT_S of saved-up
+    time, then about `share` of the steps."""
+    from vllm_layerskip.proposers import swift as swift_module
+
+    clock = [0.0]
+    monkeypatch.setattr(swift_module.time, "perf_counter", lambda: clock[0])
+
+    class SlowEngine(FakeEngine):
+        def score(self, runner, windows, mask):
+            clock[0] += 0.1
+            return super().score(runner, windows, mask)
+
+    share, steps = 0.1, 40
+    search = SwiftSearch(options(context_window=128, max_score_tokens=128, patience=1000,
+                                 max_optimizer_share=share), NUM_LAYERS, IDENTITY)
+    engine, runner = SlowEngine(constant=0.5), FakeRunner()
+    for _ in range(127):
+        clock[0] += 0.1
+        drive(search, engine, runner, 1)
+    assert search.phase == "accumulating" and engine.calls == 0
+    for _ in range(steps):
+        clock[0] += 0.1
+        drive(search, engine, runner, 1)
+    assert search.phase == "optimizing"
+    allowed = (swift_module.MAX_SCORE_CREDIT_S + share * steps * 0.1) / 0.1 + 1
+    assert 1 <= engine.calls <= allowed, (engine.calls, allowed)
+    assert search.budget_skips > 0

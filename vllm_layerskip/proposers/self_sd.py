@@ -85,5 +85,9 @@ class SelfSdProposer(LayerSkipProposerBase):
                 "threshold": self.threshold.gamma,
                 "acceptance": self.threshold.acceptance,
                 "threshold_updates": self.threshold.updates,
+                # What the offline search cost, as recorded in the profile.
+                "search_iterations": self.profile.search.get("iterations"),
+                "search_seconds": self.profile.search.get("seconds_this_run"),
+                "search_objective": self.profile.search.get("objective"),
             },
         }

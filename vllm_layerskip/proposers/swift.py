@@ -61,6 +61,11 @@ logger = logging.getLogger("vllm.layerskip")
 MIN_ACCEPTANCE_TOKENS = 64
 # Gaps between steps longer than this are idle time, not engine work.
 MAX_STEP_GAP_S = 1.0
+# Most scoring time the optimizer may have saved up (token bucket): a budget
+# counted over the whole run would let time saved while scoring was impossible
+# (e.g. batch-1 traffic with short windows) be spent all at once later, making a
+# burst of steps far slower than plain decoding.
+MAX_SCORE_CREDIT_S = 0.5
 # Scoring passes that may fail before optimization is given up.
 MAX_SCORE_FAILURES = 3
 SAVE_INTERVAL_S = 5.0
@@ -134,6 +139,7 @@ class SwiftSearch:
         self.score_passes = 0
         self.score_tokens = 0
         self.score_seconds = 0.0
+        self.score_credit = 0.0  # seconds of scoring the share cap allows now
         self.score_failures = 0
         self.window_rotation = 0
         self.phase_drafted = self.phase_accepted = 0
@@ -160,7 +166,11 @@ class SwiftSearch:
         self.decode_steps += 1
         now = time.perf_counter()
         if self.last_step_time is not None:
-            self.busy_seconds += min(now - self.last_step_time, MAX_STEP_GAP_S)
+            busy = min(now - self.last_step_time, MAX_STEP_GAP_S)
+            self.busy_seconds += busy
+            self.score_credit = min(
+                self.score_credit + self.options.max_optimizer_share * busy, MAX_SCORE_CREDIT_S
+            )
         self.last_step_time = now
         if self.phase not in ("accumulating", "optimizing"):
             return
@@ -175,8 +185,8 @@ class SwiftSearch:
             return
         if self.phase == "accumulating":
             self._set_phase("optimizing")
-        share = self.options.max_optimizer_share
-        if share < 1.0 and self.score_seconds > share * self.busy_seconds:
+        # A pass may overdraw the credit; the next one waits until it is repaid.
+        if self.options.max_optimizer_share < 1.0 and self.score_credit < 0:
             self.budget_skips += 1
             return
         candidate = self.worker.take()
@@ -218,7 +228,9 @@ class SwiftSearch:
             self.best_matchness = score
         self.score_passes += len(observed)
         self.score_tokens += len(observed) * windows.num_tokens
-        self.score_seconds += time.perf_counter() - start
+        elapsed = time.perf_counter() - start
+        self.score_seconds += elapsed
+        self.score_credit -= elapsed
         for coords, s in observed:
             if coords == self.initial:
                 self.initial_matchness.append(s)

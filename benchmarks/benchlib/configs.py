@@ -1,0 +1,220 @@
+"""Which speculative configurations a run compares.
+
+A Config is one engine: plain decoding, one of vLLM's own methods, or one of the
+plugin's. What cannot run on this machine (a missing dependency, a plugin method
+that has not landed yet, a GPU-only method) becomes a Config with `skip_reason`
+set: it starts no engine and appears in the report as "skipped: <why>", so a
+reader sees what was left out instead of a silently shorter table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+PLUGIN_METHODS = ("layer_skip", "swift", "clasp", "self_sd", "adadecode")
+# vLLM's own methods that need no trained draft (model, heads or EAGLE layers).
+NATIVE_METHODS = ("ngram", "suffix", "ngram_gpu")
+# What --methods accepts. swift_initial: layer_skip with SWIFT's starting set,
+# to see what SWIFT's optimizer adds on top of it. clasp_uniform / self_sd_uniform:
+# layer_skip with an evenly spread set of the same size as CLaSp's (whole layers)
+# or the shipped Self-SD profile's (sub-layers), to see what choosing the set adds.
+# plain_control: a second plain engine, an A/A control: its "speedup" over plain
+# shows how far two identical engines drift apart on this machine.
+MATCHED_UNIFORM = ("swift_initial", "clasp_uniform", "self_sd_uniform")
+METHODS = ("plain", "plain_control", *NATIVE_METHODS, "layer_skip", "swift_initial",
+           "swift", "clasp", "clasp_uniform", "self_sd", "self_sd_uniform", "adadecode")
+# ngram_gpu is vLLM's GPU-tensor ngram: on a CPU it fails at start-up (it
+# allocates pinned memory), so it runs only when asked for.
+DEFAULT_METHODS = tuple(m for m in METHODS if m not in ("ngram_gpu", "swift_initial"))
+
+
+@dataclass
+class Config:
+    name: str  # row label in every table and plot
+    method: str  # "plain" or a speculative method
+    spec: dict | None = None  # vLLM speculative_config (None: plain decoding)
+    skip_reason: str | None = None  # set: cannot run here, no engine
+    family: str = "plugin"  # "plain" | "control" (a second plain engine) | "vllm" | "plugin"
+    extra: dict = field(default_factory=dict)  # e.g. the skip set, for the projection
+
+    @property
+    def runs(self) -> bool:
+        return self.skip_reason is None
+
+
+def build_configs(args, model_path: str) -> list[Config]:
+    """Configurations in table order, plain first (every speedup is over it)."""
+    k = args.k
+    wanted = list(dict.fromkeys(args.methods))
+    overrides = args.method_options or {}
+    configs = [Config("plain", "plain", None, family="plain")]
+    if "plain_control" in wanted:
+        configs.append(Config("plain (A/A control)", "plain", None, family="control"))
+
+    def spec_for(method: str, base: dict) -> dict:
+        return {**base, **overrides.get(method, {})}
+
+    if "ngram" in wanted:
+        configs.append(Config("ngram", "ngram", spec_for("ngram", {
+            "method": "ngram", "num_speculative_tokens": k,
+            "prompt_lookup_max": 4, "prompt_lookup_min": 2}), family="vllm"))
+    if "suffix" in wanted:
+        configs.append(Config("suffix", "suffix", spec_for("suffix", {
+            "method": "suffix", "num_speculative_tokens": k}),
+            skip_reason=suffix_skip_reason(), family="vllm"))
+    if "ngram_gpu" in wanted:
+        configs.append(Config("ngram_gpu", "ngram_gpu", spec_for("ngram_gpu", {
+            "method": "ngram_gpu", "num_speculative_tokens": k,
+            "prompt_lookup_max": 4, "prompt_lookup_min": 2}),
+            skip_reason=gpu_only_skip_reason("ngram_gpu"), family="vllm"))
+
+    available = plugin_methods_available()
+    num_layers = model_num_layers(model_path)
+    for mode in args.draft_length:
+        # adaptive: the plugin's default (the cost model picks each step's draft
+        # length, 0 = no draft); fixed: K drafted every step.
+        extra, suffix = ({}, "") if mode == "adaptive" else (
+            {"adaptive_draft_length": False}, ", fixed K")
+        for method in METHODS:
+            if method not in wanted or method not in PLUGIN_METHODS + MATCHED_UNIFORM:
+                continue
+            base_method = "layer_skip" if method in MATCHED_UNIFORM else method
+            reason = None if base_method in available else (
+                f"method '{base_method}' is not in this plugin version "
+                f"(vllm_layerskip.options.AVAILABLE_METHODS = {list(available)})")
+            base = {"method": base_method, "num_speculative_tokens": k, **extra}
+            if method == "layer_skip":
+                for r in args.ratios:
+                    label = f"layer_skip r={r:g}" + (" (no skip)" if r == 0 else "")
+                    spec = spec_for(method, {**base, "skip_ratio": r} if r else base)
+                    configs.append(Config(label + suffix, method, spec, reason,
+                                          extra={"skip_sets": uniform_sets(num_layers, r)}))
+            elif method == "swift_initial":
+                sets = swift_initial_sets(num_layers, args.swift_ratio)
+                configs.append(Config(f"layer_skip swift's initial set r={args.swift_ratio:g}{suffix}",
+                                      "layer_skip", spec_for("layer_skip", {**base, **sets}), reason,
+                                      extra={"skip_sets": sets}))
+            elif method == "clasp_uniform":
+                sets = clasp_uniform_sets(num_layers, args.clasp_ratio, overrides.get("clasp", {}))
+                configs.append(Config(f"layer_skip {len(sets['skip_attn'])} layers evenly spread"
+                                      f" (clasp's size){suffix}", "layer_skip",
+                                      spec_for("layer_skip", {**base, **sets}), reason,
+                                      extra={"skip_sets": sets}))
+            elif method == "self_sd_uniform":
+                sets = self_sd_uniform_sets(model_path)
+                size = len(sets["skip_attn"]) + len(sets["skip_mlp"])
+                configs.append(Config(f"layer_skip {size} sub-layers evenly spread"
+                                      f" (self_sd's size){suffix}", "layer_skip",
+                                      spec_for("layer_skip", {**base, **sets}), reason,
+                                      extra={"skip_sets": sets}))
+            elif method == "swift":
+                configs.append(Config(f"swift r={args.swift_ratio:g}{suffix}", method, spec_for(
+                    method, {**base, "skip_ratio": args.swift_ratio}), reason))
+            elif method == "clasp":
+                opts = {"skip_ratio": args.clasp_ratio} if args.clasp_ratio else {}
+                label = f"clasp r={args.clasp_ratio:g}" if args.clasp_ratio else "clasp"
+                configs.append(Config(label + suffix, method, spec_for(method, {**base, **opts}), reason))
+            elif method == "self_sd":  # the skip profile shipped with the plugin
+                configs.append(Config(method + suffix, method,
+                                      spec_for(method, {**base, "profile": "shipped"}), reason))
+            else:  # adadecode: the plugin's defaults plus --method-options
+                configs.append(Config(method + suffix, method, spec_for(method, base), reason))
+    return configs
+
+
+def plugin_methods_available() -> tuple[str, ...]:
+    from vllm_layerskip.options import AVAILABLE_METHODS
+
+    return tuple(AVAILABLE_METHODS)
+
+
+def suffix_skip_reason() -> str | None:
+    """vLLM's suffix decoding needs Snowflake's arctic-inference package."""
+    from vllm.utils.import_utils import has_arctic_inference
+
+    if has_arctic_inference():
+        return None
+    return ("needs the arctic-inference package, which is not installed: its only "
+            "release vLLM 0.32 accepts (0.1.1) is a source package that builds C++/CUDA "
+            "ops against torch==2.7.0 (no wheel for this CPU/torch 2.13 stack), and it "
+            "registers a vLLM plugin that patches vLLM in every process of the venv")
+
+
+def gpu_only_skip_reason(method: str) -> str | None:
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    return (f"vLLM's '{method}' needs a GPU: on this CPU its engine fails at start-up "
+            "('pin_memory=True requires a CUDA or other accelerator backend')")
+
+
+def model_num_layers(model_path: str) -> int:
+    return model_config(model_path)["num_hidden_layers"]
+
+
+def model_config(model_path: str) -> dict:
+    with open(os.path.join(model_path, "config.json")) as f:
+        cfg = json.load(f)
+    return cfg.get("text_config", cfg)
+
+
+def uniform_sets(num_layers: int, ratio: float) -> dict:
+    """The sub-layers layer_skip's skip_ratio skips (options.uniform_skip_sets)."""
+    from vllm_layerskip.options import uniform_skip_sets
+
+    attn, mlp = uniform_skip_sets(num_layers, ratio) if ratio else (set(), set())
+    return {"skip_attn": sorted(attn), "skip_mlp": sorted(mlp)}
+
+
+def swift_initial_sets(num_layers: int, ratio: float) -> dict:
+    """The evenly spread set SWIFT starts from, as layer_skip options."""
+    from vllm_layerskip.options import SwiftOptions
+    from vllm_layerskip.skip_search import SubLayerSpace
+
+    space = SubLayerSpace(num_layers)
+    count = SwiftOptions(skip_ratio=ratio).num_skipped(num_layers)
+    return space.layer_sets(space.evenly_spread(count))
+
+
+def clasp_uniform_sets(num_layers: int, ratio: float | None, clasp_options: dict) -> dict:
+    """Whole layers, as many as CLaSp skips with these options, evenly spread the
+    way CLaSp's own starting set is."""
+    from vllm_layerskip.options import ClaspOptions
+    from vllm_layerskip.proposers.clasp import evenly_spread_layers
+
+    keys = {k: v for k, v in clasp_options.items() if k in ("num_skip_layers", "skip_ratio")}
+    if ratio and "num_skip_layers" not in keys:
+        keys["skip_ratio"] = ratio
+    layers = sorted(evenly_spread_layers(num_layers, ClaspOptions(**keys).num_skipped(num_layers)))
+    return {"skip_attn": layers, "skip_mlp": layers}
+
+
+def self_sd_uniform_sets(model_path: str) -> dict:
+    """As many sub-layers as the shipped Self-SD profile skips, spread evenly the
+    way the search's seed set is (whole layers first)."""
+    from vllm_layerskip.options import ModelIdentity
+    from vllm_layerskip.profiles import SHIPPED, load_profile
+    from vllm_layerskip.skip_search import SubLayerSpace
+
+    cfg = model_config(model_path)
+    with open(os.path.join(model_path, "config.json")) as f:
+        architecture = json.load(f)["architectures"][0]
+    identity = ModelIdentity(model=model_path, architecture=architecture,
+                             num_layers=cfg["num_hidden_layers"], hidden_size=cfg["hidden_size"],
+                             vocab_size=cfg["vocab_size"])
+    profile = load_profile(SHIPPED, identity)
+    space = SubLayerSpace(cfg["num_hidden_layers"])
+    return space.layer_sets(space.evenly_spread(profile.num_skipped))
+
+
+def engine_groups(configs: list[Config], max_alive: int) -> list[list[Config]]:
+    """Configurations per group of engines alive at once, plain first in each:
+    with more configurations than fit in memory, groups run one after the other
+    and every speedup is against the plain engine of its own group."""
+    plain, others = configs[0], configs[1:]
+    per_group = max(1, max_alive - 1)
+    chunks = [others[i:i + per_group] for i in range(0, len(others), per_group)] or [[]]
+    return [[plain, *chunk] for chunk in chunks]

@@ -1,0 +1,254 @@
+"""One vLLM engine per configuration, all alive at once, driven in turns.
+
+Why several engines in one process, and what that takes:
+- Interleaving: configurations take turns on the same prompts (see
+  workloads.schedule), so machine drift (other jobs on the 2 shared cores,
+  thermal state) hits all of them alike. Restarting engines per turn would cost
+  ~20 s per start; keeping them alive costs memory (~3.3 GB each with a 1 GB KV
+  cache: front-end state here, EngineCore ~0.8 GB, Worker ~2.5 GB).
+- An idle engine does not slow the others: vLLM's worker spins on its shared-
+  memory queue for 1 s after its last step, then sleeps on a socket. Measured
+  here: a 32-token request took 2.07 s right after another engine's request and
+  2.15 s with the other engines idle (medians of 4), so no settle time is needed
+  for vLLM itself; `settle` exists for background optimizer threads (SWIFT's
+  Gaussian-process thread may still finish a suggestion after its turn).
+- But an engine idle for over a second is slow to start a long prefill (see
+  Engine.wake), so every timed call is preceded by a no-op RPC.
+- Metrics: vLLM's Prometheus logger registers its counters in the process-wide
+  registry and, when the next engine starts, unregisters all of them, so
+  `llm.get_metrics()` would read the newest engine's counters for every engine.
+  Right after an engine starts we move its collectors into a registry of its
+  own and read them from there (the counter objects keep counting).
+- Memory: the engine's processes are the children this process gained while
+  the engine started; their peak RSS (VmHWM, kernel-tracked, so no sampling gaps)
+  is summed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import psutil
+
+from .configs import Config
+
+
+# ---- vLLM counters, read from an engine's own registry -----------------------------
+
+SPEC_COUNTERS = {
+    "vllm:spec_decode_num_drafts": "drafts",
+    "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "accepted",
+}
+HISTOGRAMS = {
+    "vllm:inter_token_latency_seconds": "itl",
+    "vllm:request_decode_time_seconds": "decode_time",
+    "vllm:time_to_first_token_seconds": "ttft",
+}
+
+
+@dataclass
+class Counters:
+    """vLLM's spec-decode counters and a few latency histograms (sum, count)."""
+
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    hist: dict[str, tuple[float, int]] = field(default_factory=dict)
+
+    def __sub__(self, other: "Counters") -> "Counters":
+        n = max(len(self.accepted_per_pos), len(other.accepted_per_pos))
+        pad = lambda v: list(v) + [0] * (n - len(v))  # noqa: E731
+        return Counters(
+            self.drafts - other.drafts,
+            self.draft_tokens - other.draft_tokens,
+            self.accepted - other.accepted,
+            [a - b for a, b in zip(pad(self.accepted_per_pos), pad(other.accepted_per_pos))],
+            {k: (s - other.hist.get(k, (0.0, 0))[0], c - other.hist.get(k, (0.0, 0))[1])
+             for k, (s, c) in self.hist.items()},
+        )
+
+
+def claim_vllm_collectors():
+    """The vLLM collectors now in the global registry (the newest engine's) in
+    a registry of their own."""
+    from prometheus_client import REGISTRY, CollectorRegistry
+
+    own = CollectorRegistry(auto_describe=True)
+    for collector in list(REGISTRY._collector_to_names):
+        if getattr(collector, "_name", "").startswith("vllm:"):
+            own.register(collector)
+    return own
+
+
+def read_counters(registry) -> Counters:
+    c = Counters()
+    per_pos: dict[int, int] = {}
+    for metric in registry.collect():
+        if metric.name in SPEC_COUNTERS:
+            total = sum(s.value for s in metric.samples if s.name.endswith("_total"))
+            setattr(c, SPEC_COUNTERS[metric.name], int(total))
+        elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            for s in metric.samples:
+                if s.name.endswith("_total"):
+                    pos = int(s.labels["position"])
+                    per_pos[pos] = per_pos.get(pos, 0) + int(s.value)
+        elif metric.name in HISTOGRAMS:
+            total = sum(s.value for s in metric.samples if s.name.endswith("_sum"))
+            count = sum(s.value for s in metric.samples if s.name.endswith("_count"))
+            c.hist[HISTOGRAMS[metric.name]] = (float(total), int(count))
+    c.accepted_per_pos = [per_pos.get(i, 0) for i in range(max(per_pos, default=-1) + 1)]
+    return c
+
+
+# ---- proposer stats ------------------------------------------------------------------
+
+def diff_stats(after: dict, before: dict) -> dict:
+    """Proposer counters over a turn: numbers are differenced (recursively), other
+    values kept as they are at the end of the turn. The cost model's cumulative
+    drafting fraction becomes drafting/total step counts of the turn."""
+    out = {}
+    for key, value in after.items():
+        prev = before.get(key)
+        if key == "cost_model" and isinstance(value, dict):
+            prev = prev or {}
+            steps = value.get("steps", 0) - prev.get("steps", 0)
+            drafting = (value.get("drafting_fraction", 0.0) * value.get("steps", 0)
+                        - prev.get("drafting_fraction", 0.0) * prev.get("steps", 0))
+            out[key] = {**value, "turn_steps": steps, "turn_drafting_steps": round(drafting)}
+        elif isinstance(value, bool) or not isinstance(value, (int, float, dict)):
+            out[key] = value
+        elif isinstance(value, dict):
+            out[key] = diff_stats(value, prev if isinstance(prev, dict) else {})
+        elif isinstance(prev, (int, float)) and not isinstance(prev, bool):
+            out[key] = value - prev
+        else:
+            out[key] = value
+    return out
+
+
+def _descendants() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _vm_kb(pid: int, key: str) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+# ---- one engine ----------------------------------------------------------------------
+
+@dataclass
+class Turn:
+    """What one engine did in one turn (one generate call or a few)."""
+
+    seconds: float
+    token_ids: list[list[int]]
+    steps: int  # engine steps, approximated by the longest output of each call
+    counters: Counters
+    stats: dict
+
+
+class Engine:
+    def __init__(self, config: Config, model: str, llm_kwargs: dict):
+        self.config = config
+        self.model = model
+        self.llm_kwargs = llm_kwargs
+        self.llm = None
+        self.registry = None
+        self.pids: set[int] = set()
+        self.startup_seconds = 0.0
+        self.error: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def start(self) -> None:
+        from vllm import LLM
+
+        before = _descendants()
+        t0 = time.perf_counter()
+        self.llm = LLM(model=self.model, speculative_config=self.config.spec,
+                       disable_log_stats=False, **self.llm_kwargs)
+        self.startup_seconds = time.perf_counter() - t0
+        self.registry = claim_vllm_collectors()
+        # Children that appeared while this engine started: its EngineCore and
+        # Worker (and, for the first engine, multiprocessing's resource tracker,
+        # which is tiny and shared; it is left out).
+        self.pids = {pid for pid in _descendants() - before
+                     if "resource_tracker" not in " ".join(_cmdline(pid))}
+
+    def counters(self) -> Counters:
+        return read_counters(self.registry)
+
+    def stats(self) -> dict:
+        from vllm_layerskip import measure
+
+        return measure.proposer_stats(self.llm) if self.config.family == "plugin" else {}
+
+    def generate(self, prompts: list[str], params, batch_size: int | None = None,
+                 settle: float = 0.0) -> Turn:
+        """Timed generate calls: all prompts at once (the engine batches them),
+        or `batch_size` per call. Counters and stats are read after `settle`
+        seconds so a background optimizer's trailing work is counted here."""
+        c0, s0 = self.counters(), self.stats()
+        size = batch_size or len(prompts)
+        token_ids, seconds, steps = [], 0.0, 0
+        for i in range(0, len(prompts), size):
+            self.wake()
+            t0 = time.perf_counter()
+            outputs = self.llm.generate(prompts[i:i + size], params, use_tqdm=False)
+            seconds += time.perf_counter() - t0
+            ids = [list(o.outputs[0].token_ids) for o in outputs]
+            token_ids += ids
+            steps += max(len(t) for t in ids)
+        if settle:
+            time.sleep(settle)
+        return Turn(seconds, token_ids, steps, self.counters() - c0, diff_stats(self.stats(), s0))
+
+    def wake(self) -> None:
+        """A no-op RPC right before a timed call. A worker idle for over 1 s
+        leaves its busy-polling mode, and the next long prefill then took ~1.2 s
+        longer here (760-token prompt: 2.7 s idle vs 1.5-1.6 s awake, medians of
+        8); without this, engines whose stats are read by RPC before each turn
+        (the plugin's) started awake and the others did not."""
+        self.llm.collective_rpc("check_health")
+
+    def memory(self) -> dict:
+        """Peak and current RSS of the engine's processes, in MiB."""
+        alive = [pid for pid in self.pids if psutil.pid_exists(pid)]
+        return {
+            "peak_rss_mib": sum(_vm_kb(pid, "VmHWM") for pid in alive) / 1024,
+            "rss_mib": sum(_vm_kb(pid, "VmRSS") for pid in alive) / 1024,
+            "processes": {pid: " ".join(_cmdline(pid))[:40] for pid in alive},
+        }
+
+    def shutdown(self) -> None:
+        if self.llm is not None:
+            from vllm_layerskip import measure
+
+            llm, self.llm = self.llm, None
+            measure.shutdown(llm)
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return psutil.Process(pid).cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+
+
+def engines_that_fit(reserve_gib: float, per_engine_gib: float) -> int:
+    """How many engines the free memory holds, keeping `reserve_gib` for others."""
+    free = psutil.virtual_memory().available / 2**30
+    return int((free - reserve_gib) // per_engine_gib)

@@ -1,0 +1,336 @@
+"""Output: markdown tables, a CSV of every aggregate, the JSON of every turn, PNG plots."""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import os
+import platform
+import sys
+
+from .figures import ALL
+
+CSV_FIELDS = (
+    "workload", "category", "config", "group", "seconds", "num_tokens", "num_requests", "steps",
+    "tokens_per_second", "speedup", "tpot_seconds", "tpot_speedup", "drafts", "draft_tokens", "accepted", "M", "alpha",
+    "accepted_per_pos", "acceptance_distribution", "draft_seconds", "num_forward_steps",
+    "num_proposals", "num_draft_tokens", "draft_step_seconds", "plain_step_seconds", "c", "v",
+    "E_eq6", "optimizer_seconds", "optimizer_thread_seconds", "optimizer_share",
+    "cost_model_steps", "cost_model_drafting_steps", "drafting_fraction", "itl_sum", "itl_count",
+    "ttft_sum", "ttft_count", "decode_time_sum", "decode_time_count", "parity", "peak_rss_gib",
+)
+
+
+def fmt(v, spec=".2f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def machine_info(args, model: str) -> dict:
+    import psutil
+    import torch
+    import vllm
+
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                if line.startswith("model name")), platform.processor())
+    return {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "command": " ".join([os.path.relpath(sys.executable), *sys.argv]),
+        "platform": platform.platform(), "cpu": cpu, "cpu_count": os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "load_average_at_start": os.getloadavg(),
+        "python": platform.python_version(), "torch": torch.__version__,
+        "vllm": vllm.__version__, "model": model,
+        "LD_PRELOAD": os.environ.get("LD_PRELOAD", ""),
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE"),
+        "args": {k: v for k, v in vars(args).items() if k != "model_path"},
+    }
+
+
+def header(args, info: dict, workloads, n_engines: int, groups: int) -> str:
+    iomp = "libiomp" in info["LD_PRELOAD"]
+    wl = "; ".join(w.label for w, _ in workloads)
+    lines = [
+        f"{os.path.basename(info['model'])}, {info['date']}: {info['cpu']} x{info['cpu_count']} "
+        f"cores, {info['memory_gib']} GiB, vllm {info['vllm']}, torch {info['torch']}, "
+        f"dtype={args.dtype}, K={args.k}, max_tokens={args.max_tokens}, "
+        f"libiomp preloaded={iomp}, KV cache {info['VLLM_CPU_KVCACHE_SPACE']} GiB per engine, "
+        f"load average at start {info['load_average_at_start'][0]:.1f}",
+        "",
+        f"Command: `{info['command']}`",
+        "",
+        f"Workloads: {wl}. Batch 1: {args.per_category} Spec-Bench question(s) per category "
+        f"(first turn, chat template), one request at a time"
+        + (f" ({args.batch_size} per call)" if args.batch_size > 1 else "")
+        + f". Concurrent: {args.rounds} batch(es) of N questions drawn across categories, "
+        "submitted at once. "
+        f"{n_engines} engines, kept alive all run, in {groups} group(s) (speedups within a "
+        "group); configurations take turns on the same prompts, per category/batch, in a "
+        "balanced order (Williams Latin square).",
+    ]
+    return "\n".join(lines)
+
+
+def _parity_cell(r: dict) -> str:
+    if r["parity"] is None:
+        return "-"
+    return "yes" if r["parity"] else "**NO**"
+
+
+def overall_table(rows: list[dict], workload: str, names: list[str]) -> str:
+    out = ["| config | tok/s | speedup | TPOT speedup | M | alpha | c | v | E (Eq. 6) | "
+           "drafting | optimizer | peak RSS GiB | parity |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+    by_name = {r["config"]: r for r in rows if r["workload"] == workload and r["category"] == ALL}
+    for name in names:
+        r = by_name.get(name)
+        if r is None:
+            continue
+        out.append(
+            f"| {name} | {fmt(r['tokens_per_second'], '.1f')} | {fmt(r['speedup'])} | "
+            f"{fmt(r['tpot_speedup'])} | {fmt(r['M'])} | {fmt(r['alpha'])} | {fmt(r['c'], '.3f')} | {fmt(r['v'])} | "
+            f"{fmt(r['E_eq6'])} | {fmt(r['drafting_fraction'], '.0%')} | "
+            f"{fmt(r['optimizer_share'], '.0%')} | {fmt(r['peak_rss_gib'], '.2f')} | "
+            f"{_parity_cell(r)} |")
+    return "\n".join(out)
+
+
+def category_matrix(rows: list[dict], workload: str, names: list[str], cats: list[str],
+                    key: str, spec: str) -> str:
+    cells = {(r["config"], r["category"]): r.get(key) for r in rows if r["workload"] == workload}
+    out = ["| config | " + " | ".join(cats + [ALL]) + " |",
+           "|---|" + "---:|" * (len(cats) + 1)]
+    for name in names:
+        if not any((name, c) in cells for c in cats):
+            continue
+        out.append(f"| {name} | " + " | ".join(fmt(cells.get((name, c)), spec)
+                                              for c in cats + [ALL]) + " |")
+    return "\n".join(out)
+
+
+def category_long_table(rows: list[dict], workload: str, names: list[str], cats: list[str]) -> str:
+    out = ["| category | config | tok/s | speedup | TPOT speedup | M | alpha | c | E (Eq. 6) | "
+           "optimizer | parity |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+    index = {(r["config"], r["category"]): r for r in rows if r["workload"] == workload}
+    for cat in cats:
+        for name in names:
+            r = index.get((name, cat))
+            if r is None:
+                continue
+            out.append(f"| {cat} | {name} | {fmt(r['tokens_per_second'], '.1f')} | "
+                       f"{fmt(r['speedup'])} | {fmt(r['tpot_speedup'])} | {fmt(r['M'])} | "
+                       f"{fmt(r['alpha'])} | "
+                       f"{fmt(r['c'], '.3f')} | {fmt(r['E_eq6'])} | "
+                       f"{fmt(r['optimizer_share'], '.0%')} | {_parity_cell(r)} |")
+    return "\n".join(out)
+
+
+def learner_notes(final_stats: dict) -> list[str]:
+    """What each learning method ended with (its status() at the end of the run)."""
+    notes = []
+    for name, st in final_stats.items():
+        sw, cl = st.get("swift"), st.get("clasp")
+        if isinstance(sw, dict):
+            reason = f" ({sw.get('stop_reason')})" if sw.get("stop_reason") else ""
+            notes.append(
+                f"- {name}: phase {sw.get('phase')}{reason}, {sw.get('optimization_steps')} "
+                f"optimization steps, matchness {fmt(sw.get('initial_matchness'))} (initial set) -> "
+                f"{fmt(sw.get('best_matchness'))} (best), r={sw.get('skip_ratio')}, scoring "
+                f"{fmt(sw.get('score_seconds'), '.1f')} s on the engine thread, optimizer thread "
+                f"{fmt(sw.get('worker_seconds'), '.1f')} s; learned set {sw.get('best_set')}")
+        sd = st.get("self_sd")
+        if isinstance(sd, dict):
+            notes.append(
+                f"- {name}: profile {sd.get('profile')}, skip set {sd.get('skip_set')}, "
+                f"draft-exit threshold now {fmt(sd.get('threshold'), '.3f')} after "
+                f"{sd.get('threshold_updates')} updates, acceptance {fmt(sd.get('acceptance'))}; "
+                f"the profile's search: {sd.get('search_iterations')} iterations, "
+                f"{sd.get('search_objective')} objective, {fmt(sd.get('search_seconds'), '.0f')} s")
+        if isinstance(cl, dict):
+            notes.append(
+                f"- {name}: {cl.get('dp_runs')} DP runs ({fmt(cl.get('dp_seconds_per_run'), '.3f')} s "
+                f"each, {fmt(cl.get('dp_seconds'), '.1f')} s in all), {cl.get('mask_changes')} skip-set "
+                f"changes, mean Jaccard to the previous set {fmt(cl.get('mean_jaccard_to_previous'))}, "
+                f"mean cosine {fmt(cl.get('mean_cosine'), '.3f')}; last set {cl.get('skipped_layers')}"
+                + (f"; error: {cl.get('error')}" if cl.get("error") else ""))
+    return notes
+
+
+def projection_section(proj: list[dict], names: list[str]) -> str:
+    if not proj:
+        return ""
+    out = [
+        "## Projection (computed, NOT measured): hardware where decoding is memory-bound",
+        "",
+        "Not a measurement. On a GPU, decoding a small batch is memory-bound: verifying "
+        "K+1 tokens costs about one decode step, and a forward's time is about proportional to "
+        "the weight bytes it reads. Under those two assumptions SWIFT's Eq. 6 gives "
+        "E = M*alpha / ((M-1)*c_w + alpha), with M and alpha measured above (batch 1, all "
+        "categories) and c_w = weight bytes a draft step reads / a full forward's (LM head "
+        "included, KV reads neglected; 0 for drafters that run no model). It ignores "
+        "kernel-launch overheads, which make skipping cheaper sub-layers save less. With "
+        "adaptive draft length, M and alpha come only from the drafts the CPU cost model allowed "
+        "(often short probes); rows with `fixed K` (`--draft-length fixed`) draft K every step "
+        "and project more faithfully.",
+        "",
+        "| workload | config | M (measured) | alpha (measured) | c_w (assumed) | projected speedup | basis |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
+    for p in sorted(proj, key=lambda p: names.index(p["config"]) if p["config"] in names else 99):
+        out.append(f"| {p['workload']} | {p['config']} | {fmt(p['M'])} | {fmt(p['alpha'])} | "
+                   f"{fmt(p['c_w'], '.3f')} | {fmt(p['projected_speedup'])} | {p['basis']} |")
+    return "\n".join(out)
+
+
+def markdown(args, info, workloads, configs, rows, skipped, failed, final_stats, proj,
+             cats, n_engines, groups) -> str:
+    names = [c.name for c in configs]
+    parts = [f"# Speculative decoding methods, {os.path.basename(info['model'])}", "",
+             header(args, info, workloads, n_engines, groups), ""]
+    for w, _ in workloads:
+        label = w.label
+        parts += [f"## {label}" + ("" if w.latency else " (all requests of a batch together)"),
+                  "", overall_table(rows, label, names), ""]
+        control = next((r for r in rows if r["workload"] == label and r["category"] == ALL
+                        and r["config"].startswith("plain (A/A")), None)
+        if control and control["speedup"]:
+            parts += [f"Noise floor: the A/A control, a second plain engine, ran at "
+                      f"{control['speedup']:.2f}x plain (TPOT {fmt(control['tpot_speedup'])}x); "
+                      "differences of that size between configurations are not significant.", ""]
+        if w.latency:
+            parts += ["Speedup by category:", "",
+                      category_matrix(rows, label, names, cats, "speedup", ".2f"), "",
+                      "Mean acceptance length M by category:", "",
+                      category_matrix(rows, label, names, cats, "M", ".2f"), "",
+                      "<details><summary>Every figure by category</summary>", "",
+                      category_long_table(rows, label, names, cats), "", "</details>", ""]
+        if w.temperature > 0:
+            parts += ["T > 0: no token parity (outputs are samples). That speculative decoding "
+                      "keeps the output distribution is tested in tests/test_sampling.py "
+                      "(chi-square against plain decoding).", ""]
+    parts += [
+        "Columns: tok/s = output tokens / seconds in generate; speedup = over plain on the same "
+        "prompts, interleaved; TPOT speedup = the same for the time per output token after the "
+        "first (prefill excluded); M = 1 + accepted/drafts; alpha = accepted/drafted tokens; "
+        "c = draft step / plain decode step (plain's mean inter-token latency); v = non-draft "
+        "time per engine step / plain decode step (batch 1); E = SWIFT Eq. 6 from M, alpha, c "
+        "(assumes v = 1); drafting = share of engine steps the cost model drafted in; "
+        "optimizer = share of wall time the skip-set optimizer ran on the engine thread "
+        "(SWIFT scoring, CLaSp DP); peak RSS = sum of VmHWM of the engine's processes "
+        "(KV cache included, the same size for every engine); parity = greedy token ids "
+        "equal to plain's.", ""]
+    if skipped or failed:
+        parts += ["## Not run here", ""]
+        parts += [f"- {c.name}: skipped, {c.skip_reason}" for c in skipped]
+        parts += [f"- {name}: failed, {err}" for name, err in failed.items()]
+        parts += [""]
+    notes = learner_notes(final_stats)
+    if notes:
+        parts += ["## What the learning methods ended with", ""] + notes + [""]
+    bad = [r for r in rows if r["parity"] is False and r["category"] == ALL]
+    for r in bad:
+        parts += [f"PARITY FAILURE {r['workload']} {r['config']}: {r.get('parity_failure')}", ""]
+    proj_text = projection_section(proj, names)
+    if proj_text:
+        parts += [proj_text, ""]
+    return "\n".join(parts)
+
+
+def write_csv(path: str, rows: list[dict], info: dict) -> None:
+    with open(path, "w", newline="") as f:
+        # Metadata as comment lines: pandas.read_csv(path, comment="#").
+        for key in ("date", "command", "model", "vllm", "torch", "cpu", "cpu_count", "platform"):
+            f.write(f"# {key}: {info[key]}\n")
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (";".join(map(str, r[k])) if isinstance(r.get(k), list) else r.get(k))
+                        for k in CSV_FIELDS})
+
+
+def write_json(path: str, payload: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1, default=str)
+
+
+# ---- plots -------------------------------------------------------------------------
+
+def plots(base: str, rows: list[dict], workloads, names: list[str], cats: list[str],
+          info: dict, k: int) -> list[str]:
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed: no plots (.venv/bin/pip install matplotlib)")
+        return []
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    footer = (f"{os.path.basename(info['model'])}, vllm {info['vllm']}, {info['cpu']} "
+              f"x{info['cpu_count']}, {info['date']}")
+    spec_names = [n for n in names if not n.startswith("plain")]
+    index = {(r["workload"], r["category"], r["config"]): r for r in rows}
+    files = []
+
+    # Speedup by category and method: one panel per batch-1 workload, one for
+    # the concurrent workloads (aggregate per workload).
+    latency = [w for w, _ in workloads if w.latency]
+    concurrent = [w for w, _ in workloads if not w.latency]
+    panels = len(latency) + (1 if concurrent else 0)
+    width_in = min(24, max(10, 3 + 0.3 * (len(cats) + 1) * max(1, len(spec_names))))
+    fig, axes = plt.subplots(panels, 1, figsize=(width_in, 3.6 * panels), squeeze=False)
+    width = 0.8 / max(1, len(spec_names))
+    for ax, w in zip(axes[:, 0], latency):
+        xs = cats + [ALL]
+        for i, name in enumerate(spec_names):
+            vals = [(index.get((w.label, c, name)) or {}).get("speedup") or np.nan for c in xs]
+            ax.bar(np.arange(len(xs)) + (i - (len(spec_names) - 1) / 2) * width, vals, width, label=name)
+        ax.set_xticks(np.arange(len(xs)), xs, rotation=30, ha="right")
+        ax.set_title(f"{w.label}: speedup over plain decoding (measured)")
+    if concurrent:
+        ax = axes[-1, 0]
+        xs = [w.label for w in concurrent]
+        for i, name in enumerate(spec_names):
+            vals = [(index.get((x, ALL, name)) or {}).get("speedup") or np.nan for x in xs]
+            ax.bar(np.arange(len(xs)) + (i - (len(spec_names) - 1) / 2) * width, vals, width, label=name)
+        ax.set_xticks(np.arange(len(xs)), xs)
+        ax.set_title("concurrent requests: throughput speedup over plain decoding (measured)")
+    for ax in axes[:, 0]:
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_ylabel("speedup")
+    axes[0, 0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.text(0.01, 0.005, footer, fontsize=7)
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    path = base + "_speedup.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    files.append(path)
+
+    # Acceptance length distribution: share of drafts by tokens per verify step
+    # (accepted + 1), per method, batch 1 over all categories.
+    fig, axes = plt.subplots(1, max(1, len(latency)), figsize=(7 * max(1, len(latency)), 4),
+                             squeeze=False)
+    for ax, w in zip(axes[0], latency):
+        drafters = [n for n in spec_names
+                    if (index.get((w.label, ALL, n)) or {}).get("acceptance_distribution")]
+        bw = 0.8 / max(1, len(drafters))
+        for i, name in enumerate(drafters):
+            r = index[(w.label, ALL, name)]
+            dist = np.array(r["acceptance_distribution"], dtype=float)
+            dist = dist / dist.sum() if dist.sum() else dist
+            xs = np.arange(1, len(dist) + 1)
+            ax.bar(xs + (i - (len(drafters) - 1) / 2) * bw, dist, bw,
+                   label=f"{name} (M={r['M']:.2f}, n={r['drafts']})")
+        ax.set_xticks(np.arange(1, k + 2))
+        ax.set_xlabel("tokens per verify step (accepted draft tokens + 1)")
+        ax.set_ylabel("share of drafts")
+        ax.set_title(f"{w.label}: acceptance length")
+        ax.legend(fontsize=7)
+    fig.text(0.01, 0.005, footer, fontsize=7)
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    path = base + "_acceptance.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    files.append(path)
+    return files
