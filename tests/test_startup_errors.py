@@ -50,7 +50,7 @@ def test_good_config_maps_to_our_proposer_and_reserves_lookahead(smollm2_path):
         ({"method": "layer_skip"}, "Method 'layer_skip' needs 'num_speculative_tokens'"),
         ({"method": "layer_skip", "num_speculative_tokens": 0}, "'num_speculative_tokens' must be a positive integer, got 0"),
         ({"method": "adadecode", "num_speculative_tokens": 4},
-         "Speculative method 'adadecode' of vllm-layerskip is not available yet"),
+         "Method 'adadecode' needs 'heads'"),
         ({"method": "self_sd", "num_speculative_tokens": 12},
          "Method 'self_sd' needs 'profile'"),
         ({"method": "self_sd", "num_speculative_tokens": 12, "profile": "/nonexistent/p.json"},
@@ -139,8 +139,15 @@ def test_unsupported_architecture(tmp_path):
     assert "Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM" in str(e.value)
 
 
-def test_swift_refuses_tensor_parallel(tiny_model_dir):
+def test_tensor_parallel_accepted_unless_a_method_opts_out(tiny_model_dir, monkeypatch):
+    from vllm_layerskip.options import SwiftOptions
+
     model = tiny_model_dir("llama", num_layers=4)
+    config = engine_config(model, {"method": "swift", "num_speculative_tokens": 2},
+                           tensor_parallel_size=2)
+    assert config.speculative_config.layerskip.method == "swift"
+    # The gate stays for methods whose ranks could not agree on their sets.
+    monkeypatch.setattr(SwiftOptions, "tensor_parallel_safe", False, raising=False)
     with pytest.raises(LayerSkipConfigError, match=r"Method 'swift' does not support tensor parallelism yet \(tensor_parallel_size=2\)"):
         engine_config(model, {"method": "swift", "num_speculative_tokens": 2},
                       tensor_parallel_size=2)
@@ -171,6 +178,34 @@ def test_version_gate(monkeypatch):
     monkeypatch.setenv(ALLOW_ANY_VERSION_ENV, "1")
     check_vllm_version("0.31.1")
 
+
+
+def test_escape_hatch_runs_the_hook_point_source_check_once(monkeypatch):
+    """register() on an unsupported vLLM under VLLM_LAYERSKIP_ALLOW_ANY_VLLM=1
+    checks the installed source (the message: tests/test_hook_points.py); the
+    engine core and workers inherit a marker and do not repeat it."""
+    import importlib.util
+    from pathlib import Path
+
+    import vllm
+
+    import vllm_layerskip
+    import vllm_layerskip.patches
+
+    calls = []
+    monkeypatch.setattr(vllm, "__version__", "0.99.0")
+    monkeypatch.setenv(vllm_layerskip.ALLOW_ANY_VERSION_ENV, "1")
+    monkeypatch.setenv(vllm_layerskip._HOOKS_CHECKED_ENV, "")  # restored after the test
+    monkeypatch.setattr(vllm_layerskip, "report_hook_points", lambda *a: calls.append(a))
+    monkeypatch.setattr(vllm_layerskip.patches, "apply_all", lambda: None)
+    vllm_layerskip.register()
+    vllm_layerskip.register()  # as in a child process: the marker is inherited
+    site = Path(importlib.util.find_spec("vllm").origin).parent.parent
+    assert calls == [("0.99.0", site, True)]
+    monkeypatch.setattr(vllm, "__version__", "0.32.0")
+    monkeypatch.setenv(vllm_layerskip._HOOKS_CHECKED_ENV, "")
+    vllm_layerskip.register()  # a supported vLLM: no source check
+    assert len(calls) == 1
 
 def test_patched_signatures_match_installed_vllm():
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner

@@ -3,6 +3,7 @@
     vllm-layerskip prepare-model     # convert SmolLM2-135M-Instruct once, print its path
     vllm-layerskip demo              # plain vs layer_skip on Spec-Bench prompts
     vllm-layerskip search --out P    # Self-SD: Bayesian search of a skip profile
+    vllm-layerskip train-heads --prompts F --layers 8,15,22 --out H   # AdaDecode exit heads
 """
 
 from __future__ import annotations
@@ -75,7 +76,16 @@ def main(argv: list[str] | None = None) -> int:
     search = sub.add_parser("search", help="Bayesian search of a skip set; writes a profile "
                                            "for method self_sd")
     add_arguments(search)
+    from vllm_layerskip import heads_training
+
+    train_heads = sub.add_parser("train-heads", help="train AdaDecode exit heads (model frozen); "
+                                                     "writes a heads file for method adadecode")
+    heads_training.add_arguments(train_heads)
     args = parser.parse_args(argv)
+
+    if args.command == "train-heads":
+        heads_training.run_train_heads(args)
+        return 0
 
     if args.command == "search":
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")

@@ -11,7 +11,10 @@ through the kept sub-layers of the target itself:
   vLLM allocated there (see patches/config.py); the next verify pass overwrites
   those slots with the full model's KV, so drafting needs no KV memory of its own;
 - requests stop independently: at their budget (K, or the room left before
-  max_model_len) or when the draft's top-1 probability falls under a threshold.
+  max_model_len) or when the draft's top-1 probability falls under a threshold;
+- with an `EarlyExit` (method adadecode) there is no mask: each token runs the
+  layers up to the first confident exit head, and never deeper than the
+  shallowest exit earlier in its chain, whose deeper KV was not written.
 
 Greedy requests take the draft's argmax. Sampled requests (temperature > 0) draw
 from the draft distribution q = softmax(logits / T) and q is handed to vLLM's
@@ -22,7 +25,7 @@ and otherwise resamples from max(0, p - q): the output distribution stays p.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -76,10 +79,23 @@ class DraftResult:
     probs: torch.Tensor | None  # [num_reqs, K, vocab] draft q, None if all greedy
     num_forward_steps: int  # draft forward passes run
     top1_probs: list[list[float]]  # [num_reqs][<= K] draft confidence per token
+    # [num_reqs][<= K] layers each draft token ran (early exit only, else empty)
+    exit_layers: list[list[int]] = field(default_factory=list)
 
     @property
     def num_draft_tokens(self) -> int:
         return sum(len(t) for t in self.token_ids)
+
+
+@dataclass
+class EarlyExit:
+    """Confidence-gated early exit (AdaDecode): a draft token leaves the model at
+    the first head whose top-1 probability exceeds `threshold`; with no
+    confident head the request's draft stops there."""
+
+    layers: tuple[int, ...]  # [H] ascending: head h reads the stream after layers[h] layers
+    transforms: torch.Tensor  # [H, hidden, hidden] T(i), model dtype and device
+    threshold: float
 
 
 class DraftEngine:
@@ -124,12 +140,19 @@ class DraftEngine:
         requests: DraftRequests,
         mask: SkipMask,
         confidence_threshold: float = 0.0,
+        early_exit: EarlyExit | None = None,  # set: `mask` is ignored
     ) -> DraftResult:
         assert self.stack is not None, "load_model() has not been called"
         num_reqs = runner.input_batch.num_reqs
         k = self.num_speculative_tokens
         drafts: list[list[int]] = [[] for _ in range(num_reqs)]
         top1s: list[list[float]] = [[] for _ in range(num_reqs)]
+        exits: list[list[int]] = [[] for _ in range(num_reqs)]
+        # Early exit: the deepest layer each request's next draft token may reach.
+        # Token j reads the KV the earlier draft tokens wrote at p .. p + j - 1,
+        # and a token that exited at layer e wrote none for layers >= e, so later
+        # tokens never go deeper than the shallowest exit so far.
+        exit_cap = np.full(len(requests.rows), self.num_layers, dtype=np.int64)
         sampled_rows = requests.temperature > 0
         probs = None
         if sampled_rows.any():
@@ -143,9 +166,16 @@ class DraftEngine:
             if active.size == 0:
                 break
             positions = requests.last_position[active] + step
-            logits = self.forward(
-                runner, requests.rows[active], tokens[active], positions, mask, step
-            )
+            if early_exit is None:
+                logits = self.forward(
+                    runner, requests.rows[active], tokens[active], positions, mask, step
+                )
+                exit_layer = None
+            else:
+                logits, exit_layer = self.forward_early_exit(
+                    runner, requests.rows[active], tokens[active], positions,
+                    early_exit, exit_cap[active], step,
+                )
             new_tokens, top1, q = self._choose(
                 logits, requests.temperature[active], requests.rows[active], runner
             )
@@ -153,6 +183,11 @@ class DraftEngine:
             keep = []
             for n, idx in enumerate(active):
                 row = int(requests.rows[idx])
+                if exit_layer is not None:
+                    if exit_layer[n] == 0:  # no confident head: the draft stops
+                        continue
+                    exits[row].append(int(exit_layer[n]))
+                    exit_cap[idx] = exit_layer[n]
                 drafts[row].append(int(new_tokens[n]))
                 top1s[row].append(float(top1[n]))
                 if q is not None and sampled_rows[idx]:
@@ -165,7 +200,7 @@ class DraftEngine:
                 if not done:
                     keep.append(idx)
             active = np.array(keep, dtype=np.int64)
-        return DraftResult(drafts, probs, steps, top1s)
+        return DraftResult(drafts, probs, steps, top1s, exits if early_exit else [])
 
     @torch.inference_mode()
     def score(self, runner, windows: ScoreWindows, mask: SkipMask) -> np.ndarray:
@@ -224,6 +259,68 @@ class DraftEngine:
             hidden = self.stack.forward_masked(ids_t, pos_t, mask.run_attn, mask.run_mlp)
             logits = self.stack.logits(hidden)
         return logits.float()
+
+    def forward_early_exit(
+        self,
+        runner,
+        rows: np.ndarray,  # [B] input-batch rows
+        input_ids: np.ndarray,  # [B]
+        positions: np.ndarray,  # [B]
+        early_exit: EarlyExit,
+        exit_cap: np.ndarray,  # [B] deepest exit layer allowed per row
+        draft_index: int = 0,
+    ) -> tuple[torch.Tensor, np.ndarray]:  # [B, vocab] float32 logits, [B] exit layer
+        """One decode-shaped pass that runs each row only up to its exit head.
+
+        Layers run segment by segment between heads, on the rows still going
+        deeper, and write their KV at `positions`. A row exits at the first head
+        (at or above no cap) whose top-1 probability exceeds the threshold; its
+        logits are that head's, E*(T h). Exit layer 0: no head was confident
+        (the row's logits are then meaningless).
+        """
+        assert self.stack is not None, "load_model() has not been called"
+        device = runner.device
+        num = len(rows)
+        exit_layer = np.zeros(num, dtype=np.int64)
+        logits_out: torch.Tensor | None = None
+        going = np.arange(num)  # rows still running, in the order of `hidden`
+        pos_all = torch.from_numpy(positions.astype(np.int64)).to(device)
+        hidden = self.stack.embed(torch.from_numpy(input_ids.astype(np.int64)).to(device))
+        residual = None
+        layers_run = 0
+        for head, layer in enumerate(early_exit.layers):
+            allowed = exit_cap[going] >= layer
+            if not allowed.all():  # rows capped above this head stop here
+                keep = torch.from_numpy(allowed).to(device)
+                going, hidden = going[allowed], hidden[keep]
+                residual = None if residual is None else residual[keep]
+            if going.size == 0:
+                break
+            attn_metadata, slot_mapping = self._decode_metadata(
+                runner, rows[going], positions[going], draft_index, True
+            )
+            with set_forward_context(
+                attn_metadata, self.vllm_config, num_tokens=len(going), slot_mapping=slot_mapping
+            ):
+                hidden, residual = self.stack.run_layers(
+                    hidden, residual, pos_all[going], layers_run, layer
+                )
+            layers_run = layer
+            logits = self.stack.exit_logits(hidden + residual, early_exit.transforms[head]).float()
+            if logits_out is None:
+                logits_out = torch.zeros(num, logits.shape[-1], dtype=torch.float32, device=device)
+            confident = torch.softmax(logits, dim=-1).amax(dim=-1) > early_exit.threshold
+            confident_np = confident.cpu().numpy()
+            leaving = going[confident_np]
+            logits_out[torch.from_numpy(leaving).to(device)] = logits[confident]
+            exit_layer[leaving] = layer
+            going, hidden, residual = going[~confident_np], hidden[~confident], residual[~confident]
+            if going.size == 0:
+                break
+        if logits_out is None:  # every row capped below the first head
+            vocab = runner.model_config.get_vocab_size()
+            logits_out = torch.zeros(num, vocab, dtype=torch.float32, device=device)
+        return logits_out, exit_layer
 
     # ---- one decoder layer at a time (layer-selection searches, e.g. CLaSp) ---
 

@@ -119,6 +119,71 @@ class DecoderStack:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [num_tokens, vocab]
         return self.model.compute_logits(hidden)
 
+    def run_layers(
+        self,
+        hidden: torch.Tensor,  # [num_tokens, hidden]
+        residual: torch.Tensor | None,  # [num_tokens, hidden], None before layer 0
+        positions: torch.Tensor,  # [num_tokens]
+        start: int,
+        end: int,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Decoder layers start .. end - 1, in full, on vLLM's (hidden, residual)
+        pair; the residual stream after them is hidden + residual."""
+        for layer in self.layers[start:end]:
+            hidden, residual = _norm(layer.input_layernorm, hidden, residual)
+            hidden = layer.self_attn(positions=positions, hidden_states=hidden)
+            hidden, residual = layer.post_attention_layernorm(hidden, residual)
+            hidden = layer.mlp(hidden)
+        return hidden, residual
+
+    def exit_logits(
+        self,
+        stream: torch.Tensor,  # [num_tokens, hidden] residual stream after some layer
+        transform: torch.Tensor,  # [hidden, hidden] an exit head's T
+    ) -> torch.Tensor:  # [num_tokens, vocab]
+        """An exit head: the final norm and LM head on T @ h (AdaDecode's E* T(i))."""
+        return self.logits(self.inner.norm(stream @ transform.T))
+
+
+    def run_layer(
+        self,
+        index: int,
+        positions: torch.Tensor,  # [num_tokens]
+        states: torch.Tensor,  # [num_tokens, hidden] residual stream before the layer
+        attend=None,  # attend(q, k, v) -> [num_tokens, heads * head_size], or None
+    ) -> torch.Tensor:  # [num_tokens, hidden] residual stream after the layer
+        """Decoder layer `index` on residual-stream states.
+
+        With `attend`, it replaces vLLM's Attention module inside the layer's
+        own attention forward (projections, qk-norms, rotary embedding and
+        o_proj stay the model's), so the layer runs without a forward context
+        and without the paged KV cache, e.g. in a background thread.
+        """
+        layer = self.layers[index]
+        # vLLM's pair convention with a zero residual: the fused add+norm sees
+        # states + 0 = states. Fresh tensors: the fused norm may work in place.
+        hidden, residual = layer.input_layernorm(states.clone(), torch.zeros_like(states))
+        if attend is None:
+            hidden = layer.self_attn(positions=positions, hidden_states=hidden)
+        else:
+            attention = _AttentionWith(layer.self_attn, attend)
+            hidden = type(layer.self_attn).forward(attention, positions=positions, hidden_states=hidden)
+        hidden, residual = layer.post_attention_layernorm(hidden, residual)
+        return layer.mlp(hidden) + residual
+
+
+class _AttentionWith:
+    """A decoder layer's self_attn module seen through a proxy whose `attn`
+    is another function; every other attribute is the module's own. The
+    module itself is never modified, so the engine can use it meanwhile."""
+
+    def __init__(self, self_attn: nn.Module, attend):
+        self._module = self_attn
+        self.attn = attend
+
+    def __getattr__(self, name: str):
+        return getattr(self._module, name)
+
 
 def _norm(norm: nn.Module, hidden: torch.Tensor, residual: torch.Tensor | None):
     """vLLM's fused add+RMSNorm: returns (normed(hidden + residual), hidden + residual)."""

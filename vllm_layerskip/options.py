@@ -11,12 +11,12 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 # Methods whose proposer works end to end. A method is listed here only once it
 # really works: asking for a planned one gives a clear error, never a fallback.
-AVAILABLE_METHODS = ("layer_skip", "swift", "clasp", "self_sd")
-PLANNED_METHODS = ("adadecode",)
+AVAILABLE_METHODS = ("layer_skip", "swift", "clasp", "self_sd", "adadecode")
+PLANNED_METHODS = ()
 
 # Keys of vLLM's own SpeculativeConfig that a layer-skip method cannot take:
 # the draft is the target model itself.
@@ -60,6 +60,21 @@ class ModelIdentity:
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def differences(self, running: "ModelIdentity", saved_as: str) -> list[str]:
+        """What differs between this saved identity and the running model, as
+        "key: <saved_as> X vs running Y" items (the model by directory name)."""
+        import os
+
+        diffs = [
+            f"{k}: {saved_as} {getattr(self, k)!r} vs running {getattr(running, k)!r}"
+            for k in ("architecture", "num_layers", "hidden_size", "vocab_size")
+            if getattr(self, k) != getattr(running, k)
+        ]
+        name = lambda m: os.path.basename(str(m).rstrip("/"))  # noqa: E731
+        if name(self.model) != name(running.model):
+            diffs.append(f"model: {saved_as} {name(self.model)!r} vs running {name(running.model)!r}")
+        return diffs
 
 
 @dataclass(frozen=True)
@@ -115,10 +130,6 @@ class SwiftOptions(DraftingOptions):
     """Options of method `swift` (defaults: SWIFT paper, Appendix B.2, and its
     reference code)."""
 
-    # The set is chosen by a per-process background thread: not yet agreed
-    # across tensor-parallel ranks (patches/config.py refuses TP > 1).
-    tensor_parallel_safe: ClassVar[bool] = False
-
     skip_ratio: float = 0.45
     """r: fraction of the 2(L-2) attention/MLP sub-layers of layers 1..L-2 that
     the draft skips (the first and last layer always run)."""
@@ -150,8 +161,10 @@ class SwiftOptions(DraftingOptions):
     """Most tokens one scoring pass covers (windows of the running requests)."""
     max_optimizer_share: float = 0.1
     """Most of the engine's busy time spent scoring candidates; an optimization
-    step that would exceed it waits. 1 = score every step (the paper's setting).
-    Keeps optimizing from making serving slower than plain decoding."""
+    step that would exceed it waits. Enforced over short stretches (at most 0.5 s
+    of unused scoring time is saved up), not only on average. 1 = score every
+    step (the paper's setting). Keeps optimizing from making serving slower than
+    plain decoding."""
     seed: int = 0
     """Seed of the random search and the Bayesian optimizer."""
     state_file: str | None = None
@@ -239,6 +252,17 @@ class ClaspOptions(DraftingOptions):
     max_dp_requests: int = 8
     """Most running requests whose last tokens enter one DP run; with more
     running, they take turns. The DP's cost grows linearly with this."""
+    background_dp: bool | None = None
+    """Run the DP in a background thread on a copy of the requests' KV prefix,
+    off the decoding path; the new mask takes effect at the first step after
+    it is ready. Off by default (None = false) until it has passed the serving
+    load test. Under tensor parallelism the DP's layer calls are collectives
+    that every rank must issue in the same order, so it runs on the engine
+    thread there (true is refused)."""
+    max_dp_context: int = 2048
+    """Background DP: most recent positions per request whose K/V are copied
+    for a run (older ones are not attended to). Bounds the copy's time and
+    memory: per position, 2 * layers * kv_heads * head_size values."""
 
     def __post_init__(self):
         super().__post_init__()
@@ -263,6 +287,18 @@ class ClaspOptions(DraftingOptions):
         _check_int("protect_first_layers", self.protect_first_layers, minimum=0, unit="layers")
         _check_int("protect_last_layers", self.protect_last_layers, minimum=0, unit="layers")
         _check_int("max_dp_requests", self.max_dp_requests, minimum=1, unit="requests")
+        if self.background_dp is not None:
+            _check_bool("background_dp", self.background_dp)
+        _check_int("max_dp_context", self.max_dp_context, minimum=1, unit="positions")
+
+    def validate_for_parallelism(self, tensor_parallel_size: int) -> None:
+        if tensor_parallel_size > 1 and self.background_dp:
+            raise LayerSkipConfigError(
+                f"'background_dp' cannot be true with tensor_parallel_size="
+                f"{tensor_parallel_size}: the DP's layer calls all-reduce across ranks "
+                "and must run on every rank's engine thread in the same order. Leave "
+                "'background_dp' unset (or false) to run the DP synchronously."
+            )
 
     def num_skipped(self, num_layers: int) -> int:
         """M for a model with `num_layers` decoder layers."""
@@ -336,6 +372,36 @@ class SelfSdOptions(DraftingOptions):
         load_profile(self.profile, model)
 
 
+@dataclass(frozen=True)
+class AdaDecodeOptions(DraftingOptions):
+    """Options of method `adadecode` (AdaDecode, Wei et al., ICML 2025): exit
+    heads trained by `vllm-layerskip train-heads`; each draft token leaves the
+    model at the first head whose top-1 probability exceeds `threshold`."""
+
+    heads: str | None = None
+    """Path of an exit heads file from `vllm-layerskip train-heads`, or "shipped"
+    for the heads that ship with the plugin for this model."""
+    threshold: float = 0.85
+    """gamma: a draft token exits at the first head whose top-1 probability is
+    above this; with no such head the request's draft stops (paper: 0.85)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not isinstance(self.heads, str) or not self.heads:
+            raise LayerSkipConfigError(
+                "Method 'adadecode' needs 'heads': the path of an exit heads file from "
+                "`vllm-layerskip train-heads --model MODEL --prompts FILE --layers 8,15,22 "
+                "--out HEADS.safetensors`, or \"shipped\" for the heads shipped for the "
+                f"model; got {self.heads!r}."
+            )
+        _check_number("threshold", self.threshold, 0.0, 1.0)
+
+    def validate_for_model(self, model: ModelIdentity) -> None:
+        from vllm_layerskip.heads import load_heads  # the format lives there
+
+        load_heads(self.heads, model)
+
+
 def _check_number(key: str, value: Any, low: float, high: float) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise LayerSkipConfigError(
@@ -366,6 +432,7 @@ OPTIONS_BY_METHOD: dict[str, type] = {
     "swift": SwiftOptions,
     "self_sd": SelfSdOptions,
     "clasp": ClaspOptions,
+    "adadecode": AdaDecodeOptions,
 }
 
 

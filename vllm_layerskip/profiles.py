@@ -106,13 +106,7 @@ def load_profile(profile: str, model: ModelIdentity) -> SkipProfile:
         )
     except (KeyError, TypeError, ValueError) as e:
         raise _refuse(path, f"is corrupt: missing or malformed field ({e!r})") from e
-    diffs = [
-        f"{k}: profile {getattr(saved, k)!r} vs running {getattr(model, k)!r}"
-        for k in ("architecture", "num_layers", "hidden_size", "vocab_size")
-        if getattr(saved, k) != getattr(model, k)
-    ]
-    if model_name(saved.model) != model_name(model.model):
-        diffs.append(f"model: profile {model_name(saved.model)!r} vs running {model_name(model.model)!r}")
+    diffs = saved.differences(model, "profile")
     if diffs:
         raise _refuse(path, "was searched for another model (" + "; ".join(diffs) + ")")
     bad = [i for i in prof.skip_attn + prof.skip_mlp if not 0 <= i < model.num_layers]

@@ -119,8 +119,9 @@ def build_configs(args, model_path: str) -> list[Config]:
             elif method == "self_sd":  # the skip profile shipped with the plugin
                 configs.append(Config(method + suffix, method,
                                       spec_for(method, {**base, "profile": "shipped"}), reason))
-            else:  # adadecode: the plugin's defaults plus --method-options
-                configs.append(Config(method + suffix, method, spec_for(method, base), reason))
+            else:  # adadecode: the exit heads shipped with the plugin
+                configs.append(Config(method + suffix, method,
+                                      spec_for(method, {**base, "heads": "shipped"}), reason))
     return configs
 
 

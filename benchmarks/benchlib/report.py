@@ -147,6 +147,14 @@ def learner_notes(final_stats: dict) -> list[str]:
                 f"{sd.get('threshold_updates')} updates, acceptance {fmt(sd.get('acceptance'))}; "
                 f"the profile's search: {sd.get('search_iterations')} iterations, "
                 f"{sd.get('search_objective')} objective, {fmt(sd.get('search_seconds'), '.0f')} s")
+        ada = st.get("adadecode")
+        if isinstance(ada, dict):
+            kl = ada.get("heldout_kl") or {}
+            notes.append(
+                f"- {name}: heads at layers {ada.get('layers')} (threshold "
+                f"{ada.get('threshold')}), mean exit layer {fmt(ada.get('mean_exit_layer'), '.1f')} "
+                f"of {ada.get('num_layers')}, trained in {fmt(ada.get('training_seconds'), '.0f')} s; "
+                f"held-out KL {kl}")
         if isinstance(cl, dict):
             notes.append(
                 f"- {name}: {cl.get('dp_runs')} DP runs ({fmt(cl.get('dp_seconds_per_run'), '.3f')} s "

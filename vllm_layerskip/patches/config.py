@@ -34,6 +34,7 @@ PROPOSER_CLASSES = {
     "swift": "vllm_layerskip.proposers.swift.SwiftProposer",
     "self_sd": "vllm_layerskip.proposers.self_sd.SelfSdProposer",
     "clasp": "vllm_layerskip.proposers.clasp.ClaspProposer",
+    "adadecode": "vllm_layerskip.proposers.adadecode.AdaDecodeProposer",
 }
 
 
@@ -77,15 +78,20 @@ def _validate_for_target(method: str, options: Any, raw: dict, target_model_conf
             "vLLM runs the drafter on the last pipeline stage only, which does not "
             "hold the early layers the draft pass needs. Use tensor parallelism."
         )
+    # Every method shipped so far keeps its ranks in step (rank_agreement.py); an
+    # options class can opt out with `tensor_parallel_safe = False` (a ClassVar).
     tp = target_parallel_config.tensor_parallel_size
     if tp > 1 and not getattr(options, "tensor_parallel_safe", True):
         raise LayerSkipConfigError(
             f"Method '{method}' does not support tensor parallelism yet "
-            f"(tensor_parallel_size={tp}): its optimizer thread chooses the skip set on "
-            "each rank independently, and ranks that skip different layers would hang "
-            "in their all-reduce. Use tensor_parallel_size=1, or a fixed set "
-            "(method 'layer_skip' or 'self_sd')."
+            f"(tensor_parallel_size={tp}): its ranks could choose different skip sets, "
+            "and ranks that skip different layers hang in their all-reduce. Use "
+            "tensor_parallel_size=1, or method 'layer_skip', 'self_sd', 'swift' or 'clasp'."
         )
+    # Options that depend on the parallel layout (e.g. clasp's background_dp).
+    validate_for_parallelism = getattr(options, "validate_for_parallelism", None)
+    if validate_for_parallelism is not None:
+        validate_for_parallelism(tp)
     check_model_supported(target_model_config)
     options.validate_for_model(model_identity(target_model_config))
 

@@ -7,9 +7,15 @@
    requests. For a layer-skip drafter this calls `propose_from_runner(runner, ...)`
    and sets the runner's `_draft_probs` / `_draft_prob_req_ids`, which vLLM's
    rejection sampler reads on the next step. Other drafters take vLLM's own path.
+2. `GPUModelRunner.execute_model` and `sample_tokens`: when the drafter has a
+   `model_gate` (CLaSp's background DP thread), they run holding it, so the
+   thread's layer calls never overlap the engine's use of vLLM's kernels
+   (model_gate.py says why). Without one they are vLLM's own.
 """
 
 from __future__ import annotations
+
+from contextlib import nullcontext
 
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -33,8 +39,30 @@ def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, *args, **
     return result.token_ids
 
 
+def _model_gate(runner):
+    gate = getattr(getattr(runner, "drafter", None), "model_gate", None)
+    return nullcontext() if gate is None else gate.engine()
+
+
+def execute_model(self, *args, **kwargs):
+    with _model_gate(self):
+        return call_original(GPUModelRunner, "execute_model")(self, *args, **kwargs)
+
+
+def sample_tokens(self, *args, **kwargs):
+    with _model_gate(self):
+        return call_original(GPUModelRunner, "sample_tokens")(self, *args, **kwargs)
+
+
 def patches() -> list[Patch]:
     return [
+        Patch(
+            GPUModelRunner,
+            "execute_model",
+            execute_model,
+            expected_params=("self", "scheduler_output", "intermediate_tensors"),
+        ),
+        Patch(GPUModelRunner, "sample_tokens", sample_tokens, expected_params=("self", "grammar_output")),
         Patch(
             GPUModelRunner,
             "propose_draft_token_ids",

@@ -4,7 +4,9 @@ patch calls."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
 
 import numpy as np
@@ -12,10 +14,14 @@ import numpy as np
 from vllm_layerskip.cost_model import DraftLengthPolicy
 from vllm_layerskip.draft_engine import DraftRequests, DraftResult, DraftEngine
 from vllm_layerskip.patches.config import get_selection
+from vllm_layerskip.rank_agreement import rank_agreement
 
 logger = logging.getLogger("vllm.layerskip")
 
 LOG_INTERVAL_S = 30.0
+# Debugging and load tests (scripts/load_test.py): the proposer's status() as JSON
+# in this file, rewritten after every step (by tensor-parallel rank 0 only).
+STATUS_FILE_ENV = "VLLM_LAYERSKIP_STATUS_FILE"
 
 
 class LayerSkipProposerBase:
@@ -48,11 +54,16 @@ class LayerSkipProposerBase:
             else None
         )
         self.stats = ProposerStats()
+        # Tensor parallelism: decisions taken from rank-local inputs (time,
+        # threads) are rank 0's on every rank (rank_agreement.py).
+        self.agreement = rank_agreement()
         # What the last call drafted, to learn acceptance and verify cost from the
         # step that verified it.
         self._last_drafted: dict[str, int] = {}
         self._last_end: float | None = None
         self._last_log = time.monotonic()
+        self.bookkeeping = RequestBookkeeping()
+        self._status_file = os.environ.get(STATUS_FILE_ENV) or None
 
     def load_model(self, target_model) -> None:
         self.engine.load_model(target_model)
@@ -87,7 +98,9 @@ class LayerSkipProposerBase:
         requests = self.engine.select_requests(runner, sampled_token_ids)
         self.before_draft(runner, requests)
         if self.policy is not None and len(requests.rows):
-            k = self.policy.choose(len(requests.rows))
+            # The cost model learns from this rank's clock; every rank must run
+            # the same number of draft forwards, so rank 0's choice holds.
+            k = self.agreement.share(self.policy.choose(len(requests.rows)))
             requests.budget = np.minimum(requests.budget, k)
         draft_start = time.perf_counter()
         result = self.draft(runner, requests)
@@ -100,7 +113,9 @@ class LayerSkipProposerBase:
             req_ids[row]: len(tokens) for row, tokens in enumerate(result.token_ids) if tokens
         }
         self.stats.record(result, draft_seconds)
+        self.bookkeeping.observe(req_ids, self.tracked_request_ids())
         self._maybe_log()
+        self._maybe_write_status()
         self._last_end = time.perf_counter()
         return result
 
@@ -134,11 +149,55 @@ class LayerSkipProposerBase:
         self._last_log = time.monotonic()
         logger.info("vllm-layerskip %s: %s", self.method, self.status())
 
+    def tracked_request_ids(self) -> set[str]:
+        """Ids of the requests this proposer holds state for. vLLM drops finished
+        and aborted requests from the input batch, and so must the proposer: a
+        subclass that keeps per-request state adds its ids here, and the status
+        shows any id kept beyond the batch."""
+        return set(self._last_drafted)
+
+    def _maybe_write_status(self) -> None:
+        if self._status_file is None or not self.agreement.is_leader:
+            return
+        path = self._status_file
+        tmp = f"{path}.{os.getpid()}.tmp"
+        # No fsync: a reader sees the last step's status or the one before.
+        try:
+            with open(tmp, "w") as f:
+                json.dump({"method": self.method, "written_at": time.time(), **self.status()},
+                          f, default=str)
+            os.replace(tmp, path)
+        except OSError as e:  # a debugging aid must not stop serving
+            logger.error("vllm-layerskip: cannot write %s=%s (%s); no longer writing it",
+                         STATUS_FILE_ENV, path, e)
+            self._status_file = None
+
     def status(self) -> dict:
         status = self.stats.as_dict()
+        status["requests"] = self.bookkeeping.as_dict()
         if self.policy is not None:
             status["cost_model"] = self.policy.summary()
         return status
+
+
+class RequestBookkeeping:
+    """How much per-request state the proposer holds, after each step: it must
+    never exceed the batch (no state left behind by finished or aborted requests)."""
+
+    def __init__(self):
+        self.in_batch = 0  # requests in the input batch at the last step
+        self.tracked = 0  # requests the proposer holds state for
+        self.tracked_outside_batch = 0  # of those, requests no longer in the batch
+        self.max_tracked = 0
+
+    def observe(self, batch_req_ids, tracked: set[str]) -> None:
+        self.in_batch = len(batch_req_ids)
+        self.tracked = len(tracked)
+        self.tracked_outside_batch = len(tracked.difference(batch_req_ids))
+        self.max_tracked = max(self.max_tracked, self.tracked)
+
+    def as_dict(self) -> dict:
+        return dict(vars(self))
 
 
 class ProposerStats:

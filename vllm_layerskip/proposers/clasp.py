@@ -44,21 +44,33 @@ as requests finish. So it runs synchronously in `before_draft`, every N steps
 
 A failing DP run is logged; drafting goes on with the last good mask. After
 MAX_CONSECUTIVE_FAILURES failures in a row the DP is stopped for good.
+
+Tensor parallelism: every rank runs the DP (its layer calls are collectives)
+on the same rows in the same step, since when it runs depends only on the
+step count and the requests, which all ranks share. Its cosines come from
+all-reduced states and should pick the same set everywhere, but an argmax over
+near-equal floats must not split the ranks: rank 0's result (or failure) is
+broadcast and adopted by all (rank_agreement.py), one small message per run.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 
 import numpy as np
 import torch
 
+from vllm_layerskip.dp_snapshot import DPSnapshot, SnapshotTaker, SnapshotUnsupported
 from vllm_layerskip.draft_engine import DraftRequests, DraftResult
 from vllm_layerskip.faults import maybe_fail
 from vllm_layerskip.layer_dp import DPResult, clasp_dp
+from vllm_layerskip.model_gate import ModelGate
 from vllm_layerskip.options import ClaspOptions, SkipMask
 from vllm_layerskip.proposers.base import LayerSkipProposerBase
+from vllm_layerskip.rank_agreement import SingleRank
 
 logger = logging.getLogger("vllm.layerskip")
 
@@ -67,7 +79,20 @@ MAX_CONSECUTIVE_FAILURES = 3
 
 class ClaspProposer(LayerSkipProposerBase):
     def on_model_loaded(self) -> None:
-        self.search = ClaspSearch(self.options, self.engine.num_layers)
+        tp = self.vllm_config.parallel_config.tensor_parallel_size
+        # Under tensor parallelism the DP's layer calls are collectives that
+        # every rank must issue in the same order: engine thread only there.
+        # Off unless asked for: the background mode is new and has not yet been
+        # through the load test with its model gate (model_gate.py).
+        background = bool(self.options.background_dp) and tp == 1
+        self.search = ClaspSearch(
+            self.options, self.engine.num_layers, self.agreement, background=background
+        )
+
+    @property
+    def model_gate(self) -> ModelGate | None:
+        """Held by the runner while it runs the model (patches/model_runner.py)."""
+        return self.search.gate if self.search.updater is not None else None
 
     def before_draft(self, runner, requests: DraftRequests) -> None:
         # A DP run only pays off if this step drafts, but the cost model decides
@@ -104,8 +129,19 @@ def whole_layer_mask(num_layers: int, skipped) -> SkipMask:
 class ClaspSearch:
     """When the DP runs, on which requests, and what is kept when it fails."""
 
-    def __init__(self, options: ClaspOptions, num_layers: int):
+    def __init__(self, options: ClaspOptions, num_layers: int, agreement=None, background=False):
         self.options = options
+        # Background mode: DP runs on snapshots in this thread; None: engine thread.
+        self.updater: BackgroundDP | None = BackgroundDP(self.run_dp_on_snapshot) if background else None
+        self.gate = ModelGate()  # the thread's layer calls vs the engine's model work
+        self.snapshots: SnapshotTaker | None = None  # built on first use (needs the model)
+        self.in_flight: tuple[int, int] | None = None  # (launch step, requests) of the running job
+        self.snapshot_seconds = 0.0
+        self.snapshot_bytes = 0  # of the last snapshot
+        self.busy_waits = 0  # due runs put off because the last one was still running
+        self.delay_steps = 0  # sum over runs of steps from launch to adoption
+        self.dp_compute_seconds = 0.0  # background: time in layer calls (the rest is waiting)
+        self.agreement = agreement or SingleRank()
         self.num_layers = num_layers
         self.num_skip = options.num_skipped(num_layers)
         first, last = options.protect_first_layers, options.protect_last_layers
@@ -125,13 +161,19 @@ class ClaspSearch:
         self.score_sum = 0.0
         self.last_score: float | None = None
         self.jaccard_sum = 0.0  # similarity of consecutive skip sets (paper Fig. 3a)
+        self.mask_log: list[tuple[int, tuple[int, ...]]] = []  # (step, set) of each switch
         logger.info(
-            "vllm-layerskip clasp: M=%d of %d layers, DP every %d steps, first mask %s",
-            self.num_skip, num_layers, options.layer_optimization_interval, list(self.skipped),
+            "vllm-layerskip clasp: M=%d of %d layers, DP every %d steps (%s), first mask %s",
+            self.num_skip, num_layers, options.layer_optimization_interval,
+            "background thread" if background else "engine thread", list(self.skipped),
         )
 
     def step(self, runner, engine, requests: DraftRequests, drafting: bool = True) -> None:
         self.steps += 1
+        if self.updater is not None:
+            # The step boundary: a run that finished since the last step swaps
+            # its mask in now, before this step's draft, which then uses it.
+            self._take_background_result()
         if self.stopped or self.steps < self.next_dp_step:
             return
         picked = self._pick(requests)
@@ -140,15 +182,21 @@ class ClaspSearch:
         if not drafting:
             self.deferred += 1
             return
+        if self.updater is not None and self._launch_background(runner, engine, requests, picked):
+            return
         self.next_dp_step = self.steps + self.options.layer_optimization_interval
         start = time.perf_counter()
+        error = None
         try:
             result = self.run_dp(runner, engine, requests, picked)
         except Exception as e:  # noqa: BLE001 - a DP failure must not stop serving
-            self._failed(e)
-            return
+            result, error = None, e
         finally:
             self.dp_seconds += time.perf_counter() - start
+        result = self.agreement.share(result)  # rank 0's; None if it failed there
+        if result is None:
+            self._failed(error or RuntimeError("the DP run failed on tensor-parallel rank 0"))
+            return
         self._adopt(result, picked.size)
 
     @torch.inference_mode()
@@ -170,6 +218,68 @@ class ClaspSearch:
             return out.reshape(r, n, h)
 
         return clasp_dp(layer_fn, x0, engine.num_layers, self.num_skip, self.protected)
+
+    def run_dp_on_snapshot(self, snapshot: DPSnapshot) -> DPResult:
+        """The DP on a snapshot: touches nothing of the engine (background thread)."""
+        maybe_fail("clasp.dp")
+
+        def layer_fn(i: int, states: torch.Tensor) -> torch.Tensor:
+            with self.gate.background():
+                start = time.perf_counter()
+                try:
+                    return snapshot.layer(i, states)
+                finally:  # written by the thread only
+                    self.dp_compute_seconds += time.perf_counter() - start
+
+        return clasp_dp(layer_fn, snapshot.x0, self.num_layers, self.num_skip, self.protected)
+
+    def _launch_background(self, runner, engine, requests, picked) -> bool:
+        """Snapshot the picked requests and hand them to the thread. False: the
+        cache cannot be snapshotted, run on the engine thread from now on."""
+        if self.in_flight is not None:
+            self.busy_waits += 1  # still running: due again next step
+            return True
+        self.next_dp_step = self.steps + self.options.layer_optimization_interval
+        start = time.perf_counter()
+        try:
+            if self.snapshots is None:
+                self.snapshots = SnapshotTaker(engine.stack, self.options.max_dp_context)
+            rows = requests.rows[picked]
+            snapshot = self.snapshots.take(runner, rows, requests.last_position[picked] - 1)
+        except SnapshotUnsupported as e:
+            logger.warning(
+                "vllm-layerskip clasp: cannot copy this KV cache for a background DP "
+                "(%s); the DP runs on the engine thread instead", e,
+            )
+            self.updater = None
+            return False
+        except Exception as e:  # noqa: BLE001 - a DP failure must not stop serving
+            self._failed(e, f"snapshot at step {self.steps}")
+            return True
+        finally:
+            self.snapshot_seconds += time.perf_counter() - start
+        self.snapshot_bytes = snapshot.num_bytes
+        self.in_flight = (self.steps, picked.size)
+        self.updater.submit(snapshot)
+        return True
+
+    def _take_background_result(self) -> None:
+        done = self.updater.take()
+        if done is None:
+            return
+        outcome, seconds = done
+        launched, num_requests = self.in_flight
+        self.in_flight = None
+        self.dp_seconds += seconds
+        if isinstance(outcome, Exception):
+            self._failed(
+                outcome,
+                f"in the background thread (launched at step {launched} on "
+                f"{num_requests} requests, seen at step {self.steps})",
+            )
+            return
+        self.delay_steps += self.steps - launched
+        self._adopt(outcome, num_requests)
 
     def _pick(self, requests: DraftRequests) -> np.ndarray:
         """Indices into `requests` of at most max_dp_requests requests, taking
@@ -196,14 +306,16 @@ class ClaspSearch:
             # reference here is the step-boundary switch.
             self.skipped = result.skipped
             self.mask = whole_layer_mask(self.num_layers, self.skipped)
+            self.mask_log.append((self.steps, self.skipped))
 
-    def _failed(self, error: Exception) -> None:
+    def _failed(self, error: Exception, where: str = "on the engine thread") -> None:
         self.failures += 1
         self.consecutive_failures += 1
-        self.error = repr(error)
-        logger.exception(
-            "vllm-layerskip clasp: DP run failed (%d in a row); drafting continues with "
-            "the last good skip set %s", self.consecutive_failures, list(self.skipped),
+        self.error = f"{where}: {error!r}"
+        logger.error(
+            "vllm-layerskip clasp: DP run failed %s (%d in a row); drafting continues "
+            "with the last good skip set %s", where, self.consecutive_failures,
+            list(self.skipped), exc_info=error,
         )
         if self.consecutive_failures >= MAX_CONSECUTIVE_FAILURES:
             self.stopped = True
@@ -224,6 +336,15 @@ class ClaspSearch:
             "dp_requests": self.dp_requests,
             "dp_seconds": self.dp_seconds,
             "dp_seconds_per_run": self.dp_seconds / runs if runs else None,
+            "background": self.updater is not None,
+            "snapshot_seconds": self.snapshot_seconds,
+            "snapshot_seconds_per_run": self.snapshot_seconds / runs if runs and self.snapshots else None,
+            "snapshot_bytes": self.snapshot_bytes,
+            "dp_busy_waits": self.busy_waits,
+            "dp_compute_seconds": self.dp_compute_seconds,
+            "engine_gate_waits": self.gate.engine_waits,
+            "engine_gate_wait_seconds": self.gate.engine_wait_seconds,
+            "mean_mask_delay_steps": self.delay_steps / runs if runs and self.snapshots else None,
             "mask_changes": self.mask_changes,
             "mean_jaccard_to_previous": self.jaccard_sum / runs if runs else None,
             "last_cosine": self.last_score,
@@ -232,3 +353,38 @@ class ClaspSearch:
             "stopped": self.stopped,
             "error": self.error,
         }
+
+
+class BackgroundDP:
+    """A daemon thread that runs DP jobs one at a time. The engine thread
+    submits a snapshot and later takes the outcome (a DPResult or the
+    exception it raised, and the seconds it took); nothing else is shared."""
+
+    def __init__(self, run):  # run(snapshot) -> DPResult
+        self._run = run
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._done: tuple[DPResult | Exception, float] | None = None
+        self.thread = threading.Thread(target=self._loop, name="layerskip-clasp-dp", daemon=True)
+        self.thread.start()
+
+    def submit(self, snapshot) -> None:
+        self._jobs.put(snapshot)
+
+    def take(self) -> tuple[DPResult | Exception, float] | None:
+        with self._lock:
+            done, self._done = self._done, None
+        return done
+
+    def _loop(self) -> None:
+        while True:
+            snapshot = self._jobs.get()
+            start = time.perf_counter()
+            try:
+                with torch.inference_mode():  # per thread in torch
+                    outcome = self._run(snapshot)
+            except Exception as e:  # noqa: BLE001 - reported on the engine thread
+                outcome = e
+            del snapshot  # free the KV copy before waiting for the next job
+            with self._lock:
+                self._done = (outcome, time.perf_counter() - start)

@@ -32,6 +32,17 @@ Beyond the paper:
   stops, and drafting goes on with the last good set.
 - `state_file` warm-starts the best set and the optimizer's history.
 
+Tensor parallelism (rank_agreement.py): every scoring pass is a chain of
+all-reduces, so all ranks must score the same candidate in the same step and
+switch sets in the same step. Rank 0 alone runs the optimizer thread and makes
+the rank-local decisions (candidate ready or not, time budget, thread failure);
+at each due optimization step it shares one decision ("score this candidate",
+"wait", "over budget", "failed") and, after each scoring pass, its score.
+Everything else (phases, the best set, r-lowering subsets from the seed) follows
+from those shared values and from the sampled tokens, which every rank holds,
+so all ranks switch sets at the same decode step however slow rank 0's thread
+is. With one rank, sharing is a plain return: nothing changes without TP.
+
 Not possible in vLLM 0.32 V1: the paper's dynamic top-k tree verification
 (vLLM verifies one chain of draft tokens per request).
 """
@@ -48,10 +59,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from vllm_layerskip.draft_engine import DraftRequests, DraftResult, ScoreWindows
-from vllm_layerskip.faults import maybe_fail
+from vllm_layerskip.faults import maybe_delay, maybe_fail
 from vllm_layerskip.model_adapter import model_identity
 from vllm_layerskip.options import SwiftOptions
 from vllm_layerskip.proposers.base import LayerSkipProposerBase
+from vllm_layerskip.rank_agreement import SingleRank
 from vllm_layerskip.skip_search import BayesianSetOptimizer, Coords, SubLayerSpace
 from vllm_layerskip.swift_state import Observation, SwiftState, load_state, save_state
 
@@ -77,7 +89,7 @@ class SwiftProposer(LayerSkipProposerBase):
             self.options,
             self.engine.num_layers,
             model_identity(self.vllm_config.model_config),
-            write_state=_is_first_rank(),
+            agreement=self.agreement,
         )
 
     def before_draft(self, runner, requests: DraftRequests) -> None:
@@ -95,15 +107,6 @@ class SwiftProposer(LayerSkipProposerBase):
         return {**super().status(), "swift": self.search.summary()}
 
 
-def _is_first_rank() -> bool:
-    try:
-        from vllm.distributed import get_tensor_model_parallel_rank
-
-        return get_tensor_model_parallel_rank() == 0
-    except Exception:  # not initialised (unit tests): a single process
-        return True
-
-
 @dataclass
 class _Candidate:
     coords: Coords
@@ -113,11 +116,14 @@ class _Candidate:
 class SwiftSearch:
     """The engine-wide skip-set optimizer (phases in the module docstring)."""
 
-    def __init__(self, options: SwiftOptions, num_layers: int, identity, write_state: bool = True):
+    def __init__(self, options: SwiftOptions, num_layers: int, identity, agreement=None):
         self.options = options
         self.identity = identity
         self.space = SubLayerSpace(num_layers)
-        self.write_state = write_state
+        self.agreement = agreement or SingleRank()
+        # Only rank 0 optimizes and writes the state file; the other ranks
+        # apply its shared decisions.
+        self.write_state = self.agreement.is_leader
         self.ratio = options.skip_ratio
         self.count = options.num_skipped(num_layers, self.ratio)
         self.best: Coords = self.space.evenly_spread(self.count)
@@ -149,9 +155,16 @@ class SwiftSearch:
         self.busy_seconds = 0.0  # engine time while this search was active
         self.last_step_time: float | None = None
         self.budget_skips = 0
+        self.mask_log: list[tuple[int, Coords]] = []  # (decode step, set) of each switch
 
-        state = load_state(options.state_file, identity) if options.state_file else None
-        self.worker = _SuggestionWorker(self.space, options.seed)
+        state = None
+        if options.state_file and self.agreement.is_leader:
+            state = load_state(options.state_file, identity)
+        # Rank 0's copy: another engine may rewrite the file between two ranks' reads.
+        state = self.agreement.share(state)
+        self.worker = _SuggestionWorker(
+            self.space, options.seed, enabled=self.agreement.is_leader, rank=self.agreement.rank
+        )
         if state is not None:
             self._restore(state)
         self.worker.start()
@@ -174,24 +187,26 @@ class SwiftSearch:
         self.last_step_time = now
         if self.phase not in ("accumulating", "optimizing"):
             return
-        if self.worker.error is not None:
-            self._stop("optimizer thread failed", error=self.worker.error)
-            return
         if self.decode_steps % self.options.optimize_interval:
             return
         windows = self._windows(runner, requests)
         needed = min(self.options.context_window, self.options.max_score_tokens)
         if windows is None or windows.num_tokens < needed:
             return
+        # Every rank gets here in the same step (the checks above read only
+        # data all ranks hold); from here on, rank 0's decision holds.
+        decision = self.agreement.share(self._decide() if self.agreement.is_leader else None)
+        if decision[0] == "failed":
+            self._stop("optimizer thread failed", error=decision[1])
+            return
         if self.phase == "accumulating":
             self._set_phase("optimizing")
-        # A pass may overdraw the credit; the next one waits until it is repaid.
-        if self.options.max_optimizer_share < 1.0 and self.score_credit < 0:
+        if decision[0] == "over budget":
             self.budget_skips += 1
             return
-        candidate = self.worker.take()
-        if candidate is None:  # still being computed: decoding does not wait
+        if decision[0] == "wait":  # still being computed: decoding does not wait
             return
+        candidate = decision[1]
         if len(candidate.coords) != self.count:  # asked for before r was lowered
             self._request_candidate()
             return
@@ -210,14 +225,30 @@ class SwiftSearch:
                 return
         self._request_candidate()
 
+    def _decide(self) -> tuple:
+        """Rank 0's rank-local decision for a due optimization step."""
+        if self.worker.error is not None:
+            return ("failed", self.worker.error)
+        # A pass may overdraw the credit; the next one waits until it is repaid.
+        if self.options.max_optimizer_share < 1.0 and self.score_credit < 0:
+            return ("over budget",)
+        candidate = self.worker.take()
+        return ("wait",) if candidate is None else ("score", candidate)
+
+    def _matchness(self, runner, engine, windows: ScoreWindows, coords: Coords) -> float:
+        score = float(engine.score(runner, windows, self.space.mask(coords)).mean())
+        # Equal on every rank in theory (same logits); shared so that what
+        # follows from it (the incumbent pass, the best set) surely is.
+        return self.agreement.share(score)
+
     def _score_candidate(self, runner, engine, windows: ScoreWindows, candidate: _Candidate) -> None:
         maybe_fail("swift.score")
         start = time.perf_counter()
-        score = float(engine.score(runner, windows, self.space.mask(candidate.coords)).mean())
+        score = self._matchness(runner, engine, windows, candidate.coords)
         observed = [(candidate.coords, score)]
         improved = False
         if score > self.best_matchness and candidate.coords != self.best:
-            incumbent = float(engine.score(runner, windows, self.mask).mean())
+            incumbent = self._matchness(runner, engine, windows, self.best)
             observed.append((self.best, incumbent))
             if score > incumbent:
                 self._set_best(candidate.coords, score)
@@ -342,6 +373,7 @@ class SwiftSearch:
         # is the step-boundary switch.
         self.mask = self.space.mask(coords)
         self.improvements += 1
+        self.mask_log.append((self.decode_steps, coords))
 
     # ---- scoring windows ------------------------------------------------------
 
@@ -447,6 +479,7 @@ class SwiftSearch:
             "bayes_suggestions": self.worker.num_bayes,
             "random_suggestions": self.worker.num_random,
             "phase_acceptance": acceptance,
+            "mask_switch_steps": [step for step, _ in self.mask_log],
         }
 
 
@@ -455,8 +488,12 @@ class _SuggestionWorker:
     process, computes the next candidate and writes the state file, in order of
     the requests, so a suggestion always sees every earlier score."""
 
-    def __init__(self, space: SubLayerSpace, seed: int):
+    def __init__(self, space: SubLayerSpace, seed: int, enabled: bool = True, rank: int = 0):
         self.space = space
+        self.rank = rank  # tensor-parallel rank, for fault injection
+        # Disabled on tensor-parallel ranks other than 0: they take rank 0's
+        # candidates, so they neither run the thread nor queue jobs.
+        self.enabled = enabled
         self.rng = np.random.default_rng(seed)
         self.seed = seed
         self.bo: BayesianSetOptimizer | None = None
@@ -470,16 +507,21 @@ class _SuggestionWorker:
         self.thread = threading.Thread(target=self._run, name="layerskip-swift-optimizer", daemon=True)
 
     def start(self) -> None:
-        self.thread.start()
+        if self.enabled:
+            self.thread.start()
 
     def observe(self, coords: Coords, score: float) -> None:
-        self.jobs.put(("observe", coords, score))
+        self._put(("observe", coords, score))
 
     def request(self, count: int, source: str) -> None:
-        self.jobs.put(("suggest", count, source))
+        self._put(("suggest", count, source))
 
     def save(self, path: str, state: SwiftState) -> None:
-        self.jobs.put(("save", path, state))
+        self._put(("save", path, state))
+
+    def _put(self, job: tuple) -> None:
+        if self.enabled:
+            self.jobs.put(job)
 
     def take(self) -> _Candidate | None:
         with self._lock:
@@ -492,6 +534,7 @@ class _SuggestionWorker:
             start = time.perf_counter()
             try:
                 maybe_fail("swift.optimizer")
+                maybe_delay("swift.optimizer", self.rank)
                 if job[0] == "observe":
                     self._optimizer().register(job[1], job[2])
                 elif job[0] == "suggest":
