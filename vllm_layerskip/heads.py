@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from vllm_layerskip.options import LayerSkipConfigError, ModelIdentity
-from vllm_layerskip.profiles import SHIPPED, SHIPPED_DIR, model_name
+from vllm_layerskip.profiles import SHIPPED_DIR, model_name, resolve_shipped
 
 HEADS_FORMAT = "vllm-layerskip/exit-heads"
 HEADS_VERSION = 1
@@ -97,18 +97,11 @@ def _refuse(path, what: str) -> LayerSkipConfigError:
 
 
 def resolve_heads_path(heads: str, model: ModelIdentity) -> Path:
-    if heads == SHIPPED:
-        path = shipped_heads_path(model)
-        if not path.exists():
-            shipped = sorted(p.name[: -len(HEADS_SUFFIX)] for p in SHIPPED_DIR.glob(f"*{HEADS_SUFFIX}"))
-            raise LayerSkipConfigError(
-                f"No shipped exit heads for model '{model_name(model.model)}' (shipped: "
-                f"{', '.join(shipped) or 'none'}). Train some with `vllm-layerskip "
-                "train-heads --model MODEL --prompts FILE --layers 8,15,22 --out "
-                "HEADS.safetensors` and pass its path as 'heads'."
-            )
-        return path
-    return Path(heads).expanduser()
+    return resolve_shipped(
+        heads, model, HEADS_SUFFIX, "exit heads",
+        "Train some with `vllm-layerskip train-heads --model MODEL --prompts FILE --layers "
+        "8,15,22 --out HEADS.safetensors`", "heads",
+    )
 
 
 def load_heads(heads: str, model: ModelIdentity) -> ExitHeads:

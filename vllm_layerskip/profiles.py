@@ -65,6 +65,23 @@ def shipped_profile_path(model: ModelIdentity) -> Path:
     return SHIPPED_DIR / f"{model_name(model.model)}.json"
 
 
+def resolve_shipped(value: str, model: ModelIdentity, suffix: str, what: str, how: str,
+                    key: str) -> Path:
+    """The path a file option names: `"shipped"` is the file that ships with the
+    plugin for this model (SHIPPED_DIR/<model name><suffix>), anything else a path.
+    `what` names the kind of file, `how` says how to make one, `key` the option."""
+    if value != SHIPPED:
+        return Path(value).expanduser()
+    path = SHIPPED_DIR / f"{model_name(model.model)}{suffix}"
+    if not path.exists():
+        shipped = sorted(p.name[: -len(suffix)] for p in SHIPPED_DIR.glob(f"*{suffix}"))
+        raise LayerSkipConfigError(
+            f"No shipped {what} for model '{model_name(model.model)}' (shipped: "
+            f"{', '.join(shipped) or 'none'}). {how} and pass its path as '{key}'."
+        )
+    return path
+
+
 def _refuse(path, what: str) -> LayerSkipConfigError:
     return LayerSkipConfigError(
         f"Skip profile '{path}' {what}. Create one for this model with "
@@ -73,17 +90,10 @@ def _refuse(path, what: str) -> LayerSkipConfigError:
 
 
 def resolve_profile_path(profile: str, model: ModelIdentity) -> Path:
-    if profile == SHIPPED:
-        path = shipped_profile_path(model)
-        if not path.exists():
-            shipped = sorted(p.stem for p in SHIPPED_DIR.glob("*.json"))
-            raise LayerSkipConfigError(
-                f"No shipped skip profile for model '{model_name(model.model)}' (shipped: "
-                f"{', '.join(shipped) or 'none'}). Create one with `vllm-layerskip search "
-                "--model MODEL --out PROFILE.json` and pass its path as 'profile'."
-            )
-        return path
-    return Path(profile).expanduser()
+    return resolve_shipped(
+        profile, model, ".json", "skip profile",
+        "Create one with `vllm-layerskip search --model MODEL --out PROFILE.json`", "profile",
+    )
 
 
 def load_profile(profile: str, model: ModelIdentity) -> SkipProfile:
