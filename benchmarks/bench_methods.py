@@ -47,13 +47,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--methods", nargs="+", choices=METHODS, default=list(DEFAULT_METHODS),
                    help="plain always runs. Methods that cannot run here (dependency missing, "
                         "not in this plugin version, GPU-only) are listed as skipped, with why")
-    p.add_argument("--per-category", type=int, default=2, help="questions per category (batch 1)")
+    p.add_argument("--per-category", type=int, default=1, help="questions per category (batch 1)")
     p.add_argument("--categories", nargs="+", default=None, help="default: all 13")
-    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32],
                    help="1: batch-1 latency mode, per category; N: N requests at once")
-    p.add_argument("--rounds", type=int, default=2,
+    p.add_argument("--rounds", type=int, default=1,
                    help="batches of N distinct questions per concurrency N")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     p.add_argument("--workloads", nargs="+", default=None, metavar="N:T",
