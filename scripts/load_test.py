@@ -416,7 +416,7 @@ def summarize(row: dict, requests: list[Request], reference: dict | None, max_mo
     if row["log_tracebacks"]:
         problems.append(f"{row['log_tracebacks']} tracebacks in the server log")
 
-    bookkeeping = None
+    bookkeeping = drafting = None
     if row["spec"] is not None:
         status = row["proposer_after"]
         if status is None:
@@ -426,6 +426,20 @@ def summarize(row: dict, requests: list[Request], reference: dict | None, max_mo
             if bookkeeping["in_batch"] != 1 or bookkeeping["tracked"] > 1 or \
                     bookkeeping["tracked_outside_batch"]:
                 problems.append(f"proposer bookkeeping after the run: {bookkeeping}")
+            # vLLM may verify fewer draft tokens than were proposed (a token budget
+            # cuts drafts short), never more: more means it verified tokens the
+            # proposer never drafted (vLLM's zero drafts near max_model_len).
+            proposed, verified = status["num_draft_tokens"], row["spec_decode"]["draft_tokens"]
+            drafting = {"proposed": proposed, "verified": int(verified)}
+            if verified > proposed:
+                problems.append(f"vLLM verified {verified:.0f} draft tokens, the proposer "
+                                f"drafted {proposed}")
+            if status.get("cost_model"):
+                drafting["drafting_fraction"] = status["cost_model"]["drafting_fraction"]
+            clasp = status.get("clasp")
+            if clasp and clasp["dp_runs"]:
+                drafting["dp"] = {k: clasp[k] for k in (
+                    "background", "dp_runs", "dp_seconds_per_run", "mean_mask_delay_steps")}
 
     latencies = [o["latency_s"] for o in done if o["latency_s"] is not None]
     ttfts = [o["ttft_s"] for o in outcomes if o["ttft_s"] is not None]
@@ -446,7 +460,7 @@ def summarize(row: dict, requests: list[Request], reference: dict | None, max_mo
                        if spec_decode["draft_tokens"] else None),
         "malformed_statuses": row["malformed_statuses"],
         "health_after": row["health_after"], "probe_after": list(row["probe"]),
-        "bookkeeping_after": bookkeeping, "startup_s": row["startup_s"],
+        "bookkeeping_after": bookkeeping, "drafting": drafting, "startup_s": row["startup_s"],
         "log_errors": row["log_errors"],
     }
 
@@ -466,13 +480,14 @@ def markdown(summaries: list[dict], meta: dict) -> str:
         f"half greedy, half sampled; {meta['cancel']} cancelled by the client after 2-4 chunks), "
         f"{meta['machine']}. Latency: request sent to last token, completed requests.", "",
         "| server | completed | cancelled | errors | greedy = plain | p50 latency s | p99 latency s "
-        "| TTFT p50 s | out tok/s | acceptance | proposer after: batch/tracked/outside (max tracked) "
-        "| 4xx checks | health + probe after |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| TTFT p50 s | out tok/s | acceptance | draft tokens proposed/verified | drafting steps "
+        "| proposer after: batch/tracked/outside (max tracked) | 4xx checks | health + probe after |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+    dp_notes: list[str] = []
     for s in summaries:
         if "completed" not in s:
-            lines.append(f"| {s['name']} | failed: {s['problems'][0]} | | | | | | | | | | | |")
+            lines.append(f"| {s['name']} | failed: {s['problems'][0]} | | | | | | | | | | | | | |")
             continue
         parity = s["parity"]
         parity_text = (f"{parity['greedy_identical']}/{parity['greedy_compared']}"
@@ -480,14 +495,26 @@ def markdown(summaries: list[dict], meta: dict) -> str:
         b = s["bookkeeping_after"]
         book = (f"{b['in_batch']}/{b['tracked']}/{b['tracked_outside_batch']} ({b['max_tracked']})"
                 if b else "-")
+        d = s.get("drafting") or {}
+        drafted = f"{d['proposed']}/{d['verified']}" if d else "-"
+        drafting_steps = fmt(d.get("drafting_fraction"), ".0%")
+        if d.get("dp"):
+            dp_notes.append(
+                f"{s['name']}: {d['dp']['dp_runs']} DP runs "
+                f"({'background thread' if d['dp']['background'] else 'engine thread'}), "
+                f"{d['dp']['dp_seconds_per_run']:.2f} s per run"
+                + (f", mask adopted {d['dp']['mean_mask_delay_steps']:.1f} steps after launch"
+                   if d['dp']['mean_mask_delay_steps'] is not None else ""))
         malformed = s["malformed_statuses"]
         ok_4xx = sum(400 <= v < 500 for v in malformed.values())
         lines.append(
             f"| {s['name']} | {s['completed']}/{s['requests']} | {s['cancelled']} | {s['errors']} "
             f"| {parity_text} | {fmt(s['latency_p50_s'])} | {fmt(s['latency_p99_s'])} "
             f"| {fmt(s['ttft_p50_s'])} | {fmt(s['output_tokens_per_s'], '.1f')} "
-            f"| {fmt(s['acceptance'])} | {book} | {ok_4xx}/{len(malformed)} "
+            f"| {fmt(s['acceptance'])} | {drafted} | {drafting_steps} | {book} | {ok_4xx}/{len(malformed)} "
             f"| {s['health_after']}, {s['probe_after'][1]} |")
+    if dp_notes:
+        lines += ["", "CLaSp DP: " + "; ".join(dp_notes)]
     lines += ["", "4xx statuses: " + "; ".join(
         f"{s['name']}: " + ", ".join(f"{k} {v}" for k, v in s["malformed_statuses"].items())
         for s in summaries[:1] if "malformed_statuses" in s)]

@@ -7,7 +7,15 @@
    requests. For a layer-skip drafter this calls `propose_from_runner(runner, ...)`
    and sets the runner's `_draft_probs` / `_draft_prob_req_ids`, which vLLM's
    rejection sampler reads on the next step. Other drafters take vLLM's own path.
-2. `GPUModelRunner.execute_model` and `sample_tokens`: when the drafter has a
+2. `GPUModelRunner._input_fits_in_drafter`: when one request of the batch is
+   within K tokens of max_model_len, vLLM skips the drafter for the whole batch
+   and hands the scheduler K zero tokens per request as "drafts". Those are
+   verified and rejected: K wasted verify tokens for every request of the batch,
+   and acceptance counters that count them (under load with a few long requests,
+   acceptance fell to 0.01-0.10 and every method ran at 0.66-0.76x plain). A
+   layer-skip drafter caps each request's draft at max_model_len itself
+   (draft_engine.select_requests), so for it the batch always fits.
+3. `GPUModelRunner.execute_model` and `sample_tokens`: when the drafter has a
    `model_gate` (CLaSp's background DP thread), they run holding it, so the
    thread's layer calls never overlap the engine's use of vLLM's kernels
    (model_gate.py says why). Without one they are vLLM's own.
@@ -39,6 +47,16 @@ def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, *args, **
     return result.token_ids
 
 
+def _input_fits_in_drafter(self, common_attn_metadata):
+    from vllm_layerskip.proposers.base import LayerSkipProposerBase
+
+    if common_attn_metadata is not None and isinstance(
+        getattr(self, "drafter", None), LayerSkipProposerBase
+    ):
+        return True
+    return call_original(GPUModelRunner, "_input_fits_in_drafter")(self, common_attn_metadata)
+
+
 def _model_gate(runner):
     gate = getattr(getattr(runner, "drafter", None), "model_gate", None)
     return nullcontext() if gate is None else gate.engine()
@@ -63,6 +81,12 @@ def patches() -> list[Patch]:
             expected_params=("self", "scheduler_output", "intermediate_tensors"),
         ),
         Patch(GPUModelRunner, "sample_tokens", sample_tokens, expected_params=("self", "grammar_output")),
+        Patch(
+            GPUModelRunner,
+            "_input_fits_in_drafter",
+            _input_fits_in_drafter,
+            expected_params=("self", "common_attn_metadata"),
+        ),
         Patch(
             GPUModelRunner,
             "propose_draft_token_ids",

@@ -82,8 +82,10 @@ class ClaspProposer(LayerSkipProposerBase):
         tp = self.vllm_config.parallel_config.tensor_parallel_size
         # Under tensor parallelism the DP's layer calls are collectives that
         # every rank must issue in the same order: engine thread only there.
-        # Off unless asked for: the background mode is new and has not yet been
-        # through the load test with its model gate (model_gate.py).
+        # Off unless asked for: where the engine keeps the cores busy (this CPU,
+        # under load) the thread only gets the gaps between steps, so its masks
+        # arrive many steps late and the DP's work is not saved, only moved
+        # (README, "Method clasp").
         background = bool(self.options.background_dp) and tp == 1
         self.search = ClaspSearch(
             self.options, self.engine.num_layers, self.agreement, background=background
