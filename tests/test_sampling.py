@@ -24,10 +24,10 @@ PROMPT = "The old lighthouse keeper"
 ALPHA = 0.001
 
 
-def sample(llm, temperature=1.0):
+def sample(llm, temperature=1.0, num_samples=NUM_SAMPLES):
     params = [SamplingParams(temperature=temperature, max_tokens=NUM_TOKENS, seed=i,
-                             ignore_eos=True) for i in range(NUM_SAMPLES)]
-    outs = llm.generate([PROMPT] * NUM_SAMPLES, params, use_tqdm=False)
+                             ignore_eos=True) for i in range(num_samples)]
+    outs = llm.generate([PROMPT] * num_samples, params, use_tqdm=False)
     return np.array([list(o.outputs[0].token_ids) for o in outs])
 
 
@@ -56,8 +56,84 @@ def tiny_llama(tiny_model_dir):
 def plain_samples(tiny_llama):
     llm = make_llm(tiny_llama, max_model_len=256)
     samples = {t: sample(llm, t) for t in (1.0, 0.7)}
+    samples["greedy"] = greedy(llm)
     shutdown(llm)
     return samples
+
+
+GREEDY_PROMPTS = ["Once upon a time", "The capital of France is", "1, 2, 3, 4,"]
+
+
+def greedy(llm):
+    outs = llm.generate(GREEDY_PROMPTS, SamplingParams(temperature=0, max_tokens=24,
+                                                        ignore_eos=True), use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def _set_fault(worker, spec):
+    """Runs in the worker: change which calls of the fault points raise."""
+    import os
+
+    from vllm_layerskip.faults import ENV_VAR
+
+    os.environ[ENV_VAR] = spec
+
+
+def _count_rejection_sampler_calls(worker):
+    """Runs in the worker: count (from zero) the calls of vLLM's rejection sampler."""
+    sampler = worker.model_runner.rejection_sampler
+    original = getattr(sampler, "uncounted_forward", sampler.forward)
+    sampler.uncounted_forward, sampler.calls = original, 0
+
+    def counted(*args, **kwargs):
+        sampler.calls += 1
+        return original(*args, **kwargs)
+
+    sampler.forward = counted
+
+
+def _rejection_sampler_calls(worker):
+    return worker.model_runner.rejection_sampler.calls
+
+
+def test_failed_draft_passes_fall_back_to_plain_decoding(tiny_llama, plain_samples, monkeypatch):
+    """A draft pass that raises costs its step the drafts, not the engine or the
+    output; and a step without drafts samples exactly as plain decoding does
+    (patches/model_runner.py: no rejection sampler there), so seeded requests
+    draw the same tokens as on a plain engine."""
+    from vllm_layerskip.faults import ENV_VAR
+
+    monkeypatch.setenv(ENV_VAR, "draft@3")  # the engine's processes copy it
+    config = {"method": "layer_skip", "num_speculative_tokens": 3, "adaptive_draft_length": False,
+              **CONFIGS["layer_skip"]}
+    llm = make_llm(tiny_llama, speculative_config=config, max_model_len=256)
+    try:
+        llm.collective_rpc(_count_rejection_sampler_calls)
+        assert greedy(llm) == plain_samples["greedy"]
+        once = proposer_stats(llm)
+        before = spec_decode_counters(llm)
+        verify_calls_while_drafting = llm.collective_rpc(_rejection_sampler_calls)[0]
+        llm.collective_rpc(_set_fault, args=("draft",))  # from now on every pass fails
+        llm.collective_rpc(_count_rejection_sampler_calls)
+        spec = sample(llm, 1.0, num_samples=300)
+        always = proposer_stats(llm)
+        after = spec_decode_counters(llm)
+        verify_calls_without_drafts = llm.collective_rpc(_rejection_sampler_calls)[0]
+    finally:
+        shutdown(llm)
+    # One failed pass, then drafting went on.
+    assert once["draft_failures"] == 1, once
+    assert "InjectedFault" in once["last_draft_error"], once
+    assert once["num_draft_tokens"] > 0 and before.draft_tokens > 0, once
+    # Every pass failed: no drafts reached vLLM, and the seeded samples are the
+    # plain engine's, token for token.
+    assert always["draft_failures"] > 1 and always["num_draft_tokens"] == once["num_draft_tokens"]
+    assert after.draft_tokens == before.draft_tokens, (before, after)
+    assert spec.tolist() == plain_samples[1.0][:300].tolist()
+    # Steps without drafts skip vLLM's rejection sampler (its T > 0 path draws
+    # noise over the whole vocabulary for nothing); steps with drafts use it.
+    assert verify_calls_while_drafting > 0
+    assert verify_calls_without_drafts == 0
 
 
 CONFIGS = {

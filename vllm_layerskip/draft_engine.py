@@ -155,7 +155,9 @@ class DraftEngine:
         exit_cap = np.full(len(requests.rows), self.num_layers, dtype=np.int64)
         sampled_rows = requests.temperature > 0
         probs = None
-        if sampled_rows.any():
+        # Only when a sampled request may draft: with the cost model's k = 0 this
+        # would zero num_reqs x K x vocab floats every step for nothing.
+        if (sampled_rows & (requests.budget > 0)).any():
             vocab = runner.model_config.get_vocab_size()
             probs = torch.zeros(num_reqs, k, vocab, dtype=torch.float32, device=runner.device)
 

@@ -15,7 +15,19 @@
    acceptance fell to 0.01-0.10 and every method ran at 0.66-0.76x plain). A
    layer-skip drafter caps each request's draft at max_model_len itself
    (draft_engine.select_requests), so for it the batch always fits.
-3. `GPUModelRunner.execute_model` and `sample_tokens`: when the drafter has a
+3. `GPUModelRunner._sample`: with speculative decoding configured, vLLM builds
+   spec-decode metadata and runs the rejection sampler every step, even when no
+   request of the batch has a draft. For sampled requests (temperature > 0) that
+   path draws exponential noise over the whole vocabulary per request for
+   "recovered" tokens it then throws away: 7 ms per step at 8 requests on this
+   CPU (SmolLM2's 49k vocabulary), which alone made every method 10% slower than
+   plain decoding at T = 1 while the cost model had drafting off (vLLM's ngram
+   pays the same). For a layer-skip drafter, a step with no drafts goes through
+   vLLM's plain sampler instead: the same tokens and logprobs plain decoding
+   gives (with one row per request the runner reads the output as plain
+   decoding's), and seeded requests draw their random numbers as plain
+   decoding does.
+4. `GPUModelRunner.execute_model` and `sample_tokens`: when the drafter has a
    `model_gate` (CLaSp's background DP thread), they run holding it, so the
    thread's layer calls never overlap the engine's use of vLLM's kernels
    (model_gate.py says why). Without one they are vLLM's own.
@@ -57,6 +69,18 @@ def _input_fits_in_drafter(self, common_attn_metadata):
     return call_original(GPUModelRunner, "_input_fits_in_drafter")(self, common_attn_metadata)
 
 
+def _sample(self, logits, spec_decode_metadata):
+    from vllm_layerskip.proposers.base import LayerSkipProposerBase
+
+    if (
+        spec_decode_metadata is not None
+        and spec_decode_metadata.max_spec_len == 0
+        and isinstance(getattr(self, "drafter", None), LayerSkipProposerBase)
+    ):
+        spec_decode_metadata = None
+    return call_original(GPUModelRunner, "_sample")(self, logits, spec_decode_metadata)
+
+
 def _model_gate(runner):
     gate = getattr(getattr(runner, "drafter", None), "model_gate", None)
     return nullcontext() if gate is None else gate.engine()
@@ -86,6 +110,12 @@ def patches() -> list[Patch]:
             "_input_fits_in_drafter",
             _input_fits_in_drafter,
             expected_params=("self", "common_attn_metadata"),
+        ),
+        Patch(
+            GPUModelRunner,
+            "_sample",
+            _sample,
+            expected_params=("self", "logits", "spec_decode_metadata"),
         ),
         Patch(
             GPUModelRunner,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 
@@ -13,6 +14,7 @@ import numpy as np
 
 from vllm_layerskip.cost_model import DraftLengthPolicy
 from vllm_layerskip.draft_engine import DraftRequests, DraftResult, DraftEngine
+from vllm_layerskip.faults import maybe_fail
 from vllm_layerskip.patches.config import get_selection
 from vllm_layerskip.rank_agreement import rank_agreement
 
@@ -103,7 +105,7 @@ class LayerSkipProposerBase:
             k = self.agreement.share(self.policy.choose(len(requests.rows)))
             requests.budget = np.minimum(requests.budget, k)
         draft_start = time.perf_counter()
-        result = self.draft(runner, requests)
+        result = self._draft_or_nothing(runner, requests)
         draft_seconds = time.perf_counter() - draft_start
         if self.policy is not None and result.num_forward_steps:
             rows_per_step = result.num_draft_tokens / result.num_forward_steps
@@ -118,6 +120,37 @@ class LayerSkipProposerBase:
         self._maybe_write_status()
         self._last_end = time.perf_counter()
         return result
+
+    def _draft_or_nothing(self, runner, requests: DraftRequests) -> DraftResult:
+        """A draft pass that raises, or hands back non-finite draft probabilities,
+        costs this step its drafts, not the engine: the step decodes as plain
+        decoding does, and the next step drafts again. Safe because verification
+        decides every output token: K/V a failed pass wrote sits past each
+        request's verified length, where nothing reads it before the target
+        overwrites it. Under tensor parallelism this holds only for failures on
+        every rank (README, "Tensor parallelism")."""
+        try:
+            maybe_fail("draft")
+            result = self.draft(runner, requests)
+            # A NaN or inf anywhere in a draft's logits reaches its token's top-1
+            # probability (already on the CPU: no full-vocabulary scan here).
+            if not all(math.isfinite(p) for row in result.top1_probs for p in row):
+                raise FloatingPointError("draft probabilities are not finite (NaN or inf)")
+            return result
+        except Exception as e:  # noqa: BLE001 - contained: the step runs without drafts
+            self.stats.draft_failures += 1
+            self.stats.last_draft_error = f"{type(e).__name__}: {e}"
+            if self.stats.draft_failures == 1:
+                logger.exception(
+                    "vllm-layerskip %s: the draft pass failed (step %d, %d requests, K=%d); "
+                    "this step decodes without drafts and the next one drafts again. "
+                    "Further failures are counted in status()['draft_failures'], not logged.",
+                    self.method, self.stats.num_proposals, len(requests.rows),
+                    self.num_speculative_tokens,
+                )
+            num_rows = len(runner.input_batch.req_ids)
+            return DraftResult([[] for _ in range(num_rows)], None, 0,
+                               [[] for _ in range(num_rows)])
 
     def _observe_verified_step(self, runner, sampled_token_ids, scheduler_output, now) -> None:
         """Learn from the step that just verified our last drafts."""
@@ -208,6 +241,8 @@ class ProposerStats:
         self.num_forward_steps = 0
         self.num_draft_tokens = 0
         self.draft_seconds = 0.0
+        self.draft_failures = 0  # draft passes that raised (the step ran without drafts)
+        self.last_draft_error: str | None = None
 
     def record(self, result: DraftResult, seconds: float) -> None:
         self.num_proposals += 1
