@@ -34,12 +34,10 @@ def generate(llm):
 
 
 def test_batch_keeps_drafting_next_to_a_request_at_max_model_len(tiny_model_dir):
+    # No plain engine: with nothing skipped every real draft is the target's own
+    # prediction, so the checks below need none (test_parity_smollm2 compares
+    # outputs with plain decoding for a request that runs into max_model_len).
     path = tiny_model_dir("llama", num_layers=4, out_proj_std=0.025)
-    llm = make_llm(path, max_model_len=MAX_MODEL_LEN)
-    try:
-        plain = generate(llm)
-    finally:
-        shutdown(llm)
     config = {"method": "layer_skip", "num_speculative_tokens": K, "skip_ratio": 0,
               "adaptive_draft_length": False}
     llm = make_llm(path, speculative_config=config, max_model_len=MAX_MODEL_LEN)
@@ -49,9 +47,9 @@ def test_batch_keeps_drafting_next_to_a_request_at_max_model_len(tiny_model_dir)
     finally:
         shutdown(llm)
 
-    assert spec == plain
     long_ids, long_finish = spec[0]
     assert len(long_ids) == MAX_MODEL_LEN - 112 and long_finish == "length"
+    assert [len(ids) for ids, _ in spec[1:]] == [40, 40, 40]
     assert counters.draft_tokens > 0
     # Without the patch (measured): 12 of 120 draft tokens were zero drafts, all
     # rejected; 108 accepted.

@@ -51,7 +51,20 @@ def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, *args, **
         return call_original(GPUModelRunner, "propose_draft_token_ids")(
             self, scheduler_output, sampled_token_ids, *args, **kwargs
         )
-    result = self.drafter.propose_from_runner(self, sampled_token_ids, scheduler_output)
+    try:
+        result = self.drafter.propose_from_runner(self, sampled_token_ids, scheduler_output)
+    except Exception as e:
+        # Draft passes contain their own failures (proposers/base.py). Anything
+        # else (bookkeeping, the cost model, a method's per-step work) may have
+        # left the proposer inconsistent: stop the engine with a message that
+        # says where, rather than risk drafts that do not match the requests.
+        method = getattr(self.drafter, "method", type(self.drafter).__name__)
+        raise RuntimeError(
+            f"vllm-layerskip: the '{method}' proposer failed outside a draft pass "
+            f"({type(e).__name__}: {e}). The engine stops instead of serving with a "
+            "proposer in an unknown state; restart without --speculative-config to "
+            "serve meanwhile, and please report this with the traceback above."
+        ) from e
     self._draft_probs = result.probs
     self._draft_prob_req_ids = (
         None if result.probs is None else list(self.input_batch.req_ids)
