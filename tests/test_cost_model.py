@@ -91,3 +91,18 @@ def test_idle_gaps_are_not_taken_for_step_cost():
         policy.observe_verify(5, 0.05)
     policy.observe_verify(5, 30.0)  # the engine sat idle between requests
     assert policy.verify_cost.predict(5) == pytest.approx(0.05)
+
+
+def test_no_drafting_on_a_guess_while_prompts_are_prefilled():
+    # A server hit by many requests at once: its first steps all run prompt
+    # chunks, so no verify step has been timed. Drafting K there for every
+    # request took the prompts' token budget (load test: 10 such steps).
+    policy = DraftLengthPolicy(max_k=4)
+    assert [policy.choose(58, prefilling=True) for _ in range(10)] == [0] * 10
+    # The first plain decode step is timed; drafting (warm-up) starts after it.
+    policy.observe_verify(58, 0.2)
+    assert policy.choose(58, prefilling=False) == 4
+    # Once something is measured, steps with prompt chunks are decided as others.
+    policy.observe_draft(58, 0.1)
+    policy.observe_verify(58 * 5, 0.9)
+    assert policy.choose(58, prefilling=True) == policy.choose(58, prefilling=False)

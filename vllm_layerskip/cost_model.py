@@ -156,10 +156,17 @@ class DraftLengthPolicy:
                 best_k, best = k, t
         return best_k
 
-    def choose(self, num_reqs: int) -> int:
-        """The draft length for this step (0: no drafting)."""
+    def choose(self, num_reqs: int, prefilling: bool = False) -> int:
+        """The draft length for this step (0: no drafting). `prefilling`: the
+        step also runs prompt chunks (chunked prefill)."""
         self.steps += 1
-        if self.steps <= self.warmup_steps or len(self.draft_cost) == 0:
+        if prefilling and len(self.verify_cost) == 0:
+            # Nothing measured yet, and draft tokens would share the step's token
+            # budget with prompts still being prefilled: no drafting on a guess.
+            # (A server hit by many requests at once spends its first seconds
+            # here; drafting K for every request then delayed every prompt.)
+            k = 0
+        elif self.steps <= self.warmup_steps or len(self.draft_cost) == 0:
             k = self.max_k
         else:
             k = self.best_length(num_reqs)

@@ -102,7 +102,9 @@ class LayerSkipProposerBase:
         if self.policy is not None and len(requests.rows):
             # The cost model learns from this rank's clock; every rank must run
             # the same number of draft forwards, so rank 0's choice holds.
-            k = self.agreement.share(self.policy.choose(len(requests.rows)))
+            k = self.agreement.share(
+                self.policy.choose(len(requests.rows), self._ran_prompt_chunks(scheduler_output))
+            )
             requests.budget = np.minimum(requests.budget, k)
         draft_start = time.perf_counter()
         result = self._draft_or_nothing(runner, requests)
@@ -152,6 +154,14 @@ class LayerSkipProposerBase:
             return DraftResult([[] for _ in range(num_rows)], None, 0,
                                [[] for _ in range(num_rows)])
 
+    def _ran_prompt_chunks(self, scheduler_output) -> bool:
+        """Whether the step just run also processed prompt chunks (more tokens for
+        a request than a verify step has): its cost is not a verify step's."""
+        if scheduler_output is None:
+            return False
+        per_request = scheduler_output.num_scheduled_tokens.values()
+        return bool(per_request) and max(per_request) > 1 + self.num_speculative_tokens
+
     def _observe_verified_step(self, runner, sampled_token_ids, scheduler_output, now) -> None:
         """Learn from the step that just verified our last drafts."""
         req_ids = runner.input_batch.req_ids
@@ -168,10 +178,9 @@ class LayerSkipProposerBase:
             self.on_verified(total_drafted, total_accepted)
         if self.policy is None or scheduler_output is None or self._last_end is None:
             return
-        per_request = scheduler_output.num_scheduled_tokens.values()
         # Steps that also ran a prompt chunk cost differently per token than
         # decode/verify steps; only the latter describe drafting's cost.
-        if per_request and max(per_request) <= 1 + self.num_speculative_tokens:
+        if scheduler_output.num_scheduled_tokens and not self._ran_prompt_chunks(scheduler_output):
             self.policy.observe_verify(
                 scheduler_output.total_num_scheduled_tokens, now - self._last_end
             )
