@@ -160,7 +160,8 @@ class SwiftOptions(DraftingOptions):
     max_score_tokens: int = 128
     """Most tokens one scoring pass covers (windows of the running requests)."""
     max_optimizer_share: float = 0.1
-    """Most of the engine's busy time spent scoring candidates; an optimization
+    """Most of the engine's busy time spent optimizing: scoring candidates, plus
+    the CPU time of the optimizer thread (Gaussian process); an optimization
     step that would exceed it waits. Enforced over short stretches (at most 0.5 s
     of unused scoring time is saved up), not only on average. 1 = score every
     step (the paper's setting). Keeps optimizing from making serving slower than
