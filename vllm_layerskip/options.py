@@ -159,7 +159,7 @@ class SwiftOptions(DraftingOptions):
     """Decoding steps per optimization step while optimizing."""
     max_score_tokens: int = 128
     """Most tokens one scoring pass covers (windows of the running requests)."""
-    max_optimizer_share: float = 0.1
+    max_optimizer_share: float = 0.03
     """Most of the engine's busy time spent optimizing: scoring candidates, plus
     the CPU time of the optimizer thread (Gaussian process); an optimization
     step that would exceed it waits. Enforced over short stretches (at most 0.5 s
