@@ -193,36 +193,51 @@ def test_state_file_round_trip_and_refusals(tmp_path):
         options(state_file=str(bad)).validate_for_model(IDENTITY)
 
 
+SHARE = 0.1
+STEP_S = SCORE_S = 0.1  # fake engine step and scoring pass times
+
+
+class _FakeClockRun:
+    """A SwiftSearch whose engine steps and scoring passes take STEP_S and
+    SCORE_S on a fake clock, with max_optimizer_share SHARE."""
+
+    def __init__(self, monkeypatch):
+        from vllm_layerskip.proposers import swift as swift_module
+
+        self.clock = 0.0
+        monkeypatch.setattr(swift_module.time, "perf_counter", lambda: self.clock)
+        run = self
+
+        class SlowEngine(FakeEngine):
+            def score(self, runner, windows, mask):
+                run.clock += SCORE_S
+                return super().score(runner, windows, mask)
+
+        self.search = SwiftSearch(options(context_window=128, max_score_tokens=128,
+                                          patience=1000, max_optimizer_share=SHARE),
+                                  NUM_LAYERS, IDENTITY)
+        self.engine, self.runner = SlowEngine(constant=0.5), FakeRunner()
+
+    def steps(self, n):
+        for _ in range(n):
+            self.clock += STEP_S
+            drive(self.search, self.engine, self.runner, 1)
+
+
 def test_optimizer_share_cap_allows_no_burst_of_saved_up_time(monkeypatch):
-    """Engine steps take 0.1 s and a scoring pass 0.1 s (fake clock). A long
-    accumulation phase (128 steps, 12.8 s) must not leave the optimizer a budget
-    it can spend on every step afterwards: at most MAX_SCORE_CREDIT_S of saved-up
-    time, then about `share` of the steps."""
-    from vllm_layerskip.proposers import swift as swift_module
+    """A long accumulation phase (127 steps, 12.7 s) must not leave the optimizer
+    a budget it can spend on every step afterwards: at most MAX_SCORE_CREDIT_S of
+    saved-up time, then about `share` of the steps."""
+    from vllm_layerskip.proposers.swift import MAX_SCORE_CREDIT_S
 
-    clock = [0.0]
-    monkeypatch.setattr(swift_module.time, "perf_counter", lambda: clock[0])
-
-    class SlowEngine(FakeEngine):
-        def score(self, runner, windows, mask):
-            clock[0] += 0.1
-            return super().score(runner, windows, mask)
-
-    share, steps = 0.1, 40
-    search = SwiftSearch(options(context_window=128, max_score_tokens=128, patience=1000,
-                                 max_optimizer_share=share), NUM_LAYERS, IDENTITY)
-    engine, runner = SlowEngine(constant=0.5), FakeRunner()
-    for _ in range(127):
-        clock[0] += 0.1
-        drive(search, engine, runner, 1)
-    assert search.phase == "accumulating" and engine.calls == 0
-    for _ in range(steps):
-        clock[0] += 0.1
-        drive(search, engine, runner, 1)
-    assert search.phase == "optimizing"
-    allowed = (swift_module.MAX_SCORE_CREDIT_S + share * steps * 0.1) / 0.1 + 1
-    assert 1 <= engine.calls <= allowed, (engine.calls, allowed)
-    assert search.budget_skips > 0
+    run, steps = _FakeClockRun(monkeypatch), 40
+    run.steps(127)
+    assert run.search.phase == "accumulating" and run.engine.calls == 0
+    run.steps(steps)
+    assert run.search.phase == "optimizing"
+    allowed = (MAX_SCORE_CREDIT_S + SHARE * steps * STEP_S) / SCORE_S + 1
+    assert 1 <= run.engine.calls <= allowed, (run.engine.calls, allowed)
+    assert run.search.budget_skips > 0
 
 
 def test_optimizer_thread_cpu_time_counts_against_the_share(monkeypatch):
@@ -232,31 +247,19 @@ def test_optimizer_thread_cpu_time_counts_against_the_share(monkeypatch):
     0.1 s: fewer scoring passes fit (measured: 7, against 10 without the charge)."""
     from vllm_layerskip.proposers import swift as swift_module
 
-    clock, thread_clock = [0.0], [0.0]
-    monkeypatch.setattr(swift_module.time, "perf_counter", lambda: clock[0])
+    thread_clock = [0.0]
 
     def fake_thread_time():
         thread_clock[0] += 0.025  # two reads per job: 0.05 s per job
         return thread_clock[0]
 
     monkeypatch.setattr(swift_module.time, "thread_time", fake_thread_time)
-
-    class SlowEngine(FakeEngine):
-        def score(self, runner, windows, mask):
-            clock[0] += 0.1
-            return super().score(runner, windows, mask)
-
-    share, steps = 0.1, 40
-    search = SwiftSearch(options(context_window=128, max_score_tokens=128, patience=1000,
-                                 max_optimizer_share=share), NUM_LAYERS, IDENTITY)
-    engine, runner = SlowEngine(constant=0.5), FakeRunner()
-    for _ in range(127 + steps):
-        clock[0] += 0.1
-        drive(search, engine, runner, 1)
-    assert search.phase == "optimizing"
-    budget = swift_module.MAX_SCORE_CREDIT_S + share * steps * 0.1  # 0.9 s
+    run, steps = _FakeClockRun(monkeypatch), 40
+    run.steps(127 + steps)
+    assert run.search.phase == "optimizing"
+    budget = swift_module.MAX_SCORE_CREDIT_S + SHARE * steps * STEP_S  # 0.9 s
     # 0.2 s per candidate; +3: the incumbent's re-scoring, one overdrawing pass,
     # and the thread's last jobs, charged a step later. Without the charge: 10.
-    assert 1 <= engine.calls <= budget / (0.1 + 2 * 0.05) + 3, engine.calls
-    summary = search.summary()
-    assert summary["worker_cpu_seconds"] >= 0.05 * engine.calls
+    calls = run.engine.calls
+    assert 1 <= calls <= budget / (SCORE_S + 2 * 0.05) + 3, calls
+    assert run.search.summary()["worker_cpu_seconds"] >= 0.05 * calls
