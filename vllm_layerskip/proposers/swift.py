@@ -50,7 +50,6 @@ Not possible in vLLM 0.32 V1: the paper's dynamic top-k tree verification
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
@@ -540,10 +539,6 @@ class _SuggestionWorker:
         return candidate
 
     def _run(self) -> None:
-        _lower_thread_priority()
-        self._serve_jobs()
-
-    def _serve_jobs(self) -> None:
         while True:
             job = self.jobs.get()
             start = time.perf_counter()
@@ -588,14 +583,4 @@ class _SuggestionWorker:
             return _Candidate(self._optimizer().suggest(count), "bayes")
         self.num_random += 1
         return _Candidate(self.space.random(self.rng, count), "random")
-
-
-def _lower_thread_priority() -> None:
-    """Nice the calling thread (Linux: a thread id is a scheduling entity), so
-    that on cores the engine keeps busy the optimizer runs in what is left over
-    instead of stalling the engine's parallel regions."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-    except (AttributeError, OSError):  # other platforms: the share cap still holds
-        pass
 
