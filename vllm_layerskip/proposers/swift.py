@@ -583,4 +583,3 @@ class _SuggestionWorker:
             return _Candidate(self._optimizer().suggest(count), "bayes")
         self.num_random += 1
         return _Candidate(self.space.random(self.rng, count), "random")
-
