@@ -71,10 +71,12 @@ CONFIGS = {
     # Self-SD with the shipped profile and its adaptive draft-exiting threshold.
     "self_sd-K8-shipped": {"method": "self_sd", "profile": "shipped", "num_speculative_tokens": 8,
                            **FIXED},
-    # SWIFT with the cost model on; a larger optimizer share than the default
-    # (0.03), so that masks surely switch within this short run.
+    # SWIFT with the cost model on; a much larger optimizer share than the
+    # default (0.03), so that masks surely switch within this short run: at 0.1
+    # only 10-12 random candidates were scored and 1 run in 3 found none better
+    # than the initial set.
     "swift-K6-adaptive": {"method": "swift", "num_speculative_tokens": 6, "context_window": 8,
-                          "patience": 10000, "max_optimizer_share": 0.1},
+                          "patience": 10000, "max_optimizer_share": 0.5},
 }
 
 
@@ -119,7 +121,7 @@ def test_layer_skip_greedy_parity(smollm2_path, plain, name):
         # The optimizer ran all along and really switched masks mid-run. (Fewer
         # steps with a suggestion from the Gaussian process every 3rd step: a
         # step whose candidate is not ready yet drafts without scoring one.)
-        # A max_optimizer_share of 0.1 lets fewer steps score a candidate.
+        # A max_optimizer_share of 0.5 lets fewer steps score a candidate.
         assert swift["optimization_steps"] > (25 if name == "swift-K4-optimizing" else 5), swift
         assert swift["improvements"] >= 1, swift
         if name == "swift-K4-optimizing":
