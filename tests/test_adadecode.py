@@ -147,7 +147,7 @@ def generate(llm, prompts, params):
 
 @pytest.fixture(scope="module")
 def plain(smollm2_path):
-    llm = make_llm(smollm2_path, max_model_len=MAX_MODEL_LEN)
+    llm = make_llm(smollm2_path, in_process=True, max_model_len=MAX_MODEL_LEN)
     try:
         prompts, params = workload(llm)
         return {"batch": generate(llm, prompts, params), "single": generate(llm, prompts[5:6], params)[0]}
@@ -171,7 +171,8 @@ def adadecode(smollm2_path, tmp_path_factory):
         identity_of(smollm2_path), shipped.layers)
     config = {"method": "adadecode", "heads": "shipped", "num_speculative_tokens": 8,
               "adaptive_draft_length": False}
-    llm = make_llm(smollm2_path, speculative_config=config, max_model_len=MAX_MODEL_LEN)
+    llm = make_llm(smollm2_path, in_process=True, speculative_config=config,
+                   max_model_len=MAX_MODEL_LEN)
     try:
         prompts, params = workload(llm)
         out = {"batch": generate(llm, prompts, params)}
@@ -233,14 +234,14 @@ def sample_t1(llm):
 def test_sampling_distribution_matches_plain(tiny_model_dir, tmp_path):
     model = tiny_model_dir("llama", num_layers=4, out_proj_std=0.03)
     heads = write_identity_heads(tmp_path / "tiny.safetensors", identity_of(model), [1, 2])
-    plain_llm = make_llm(model, max_model_len=256)
+    plain_llm = make_llm(model, in_process=True, max_model_len=256)
     try:
         plain = sample_t1(plain_llm)
     finally:
         shutdown(plain_llm)
     config = {"method": "adadecode", "heads": heads, "threshold": THRESHOLD,
               "num_speculative_tokens": 3, "adaptive_draft_length": False}
-    llm = make_llm(model, speculative_config=config, max_model_len=256)
+    llm = make_llm(model, in_process=True, speculative_config=config, max_model_len=256)
     try:
         spec = sample_t1(llm)
         counters = spec_decode_counters(llm)

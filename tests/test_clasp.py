@@ -256,7 +256,7 @@ def test_dp_against_exhaustive_search_on_engine_layers(tiny_model_dir):
     path = tiny_model_dir("llama", num_layers=6, out_proj_std=0.03)
     config = {"method": "clasp", "num_speculative_tokens": 2, "num_skip_layers": 3,
               "layer_optimization_interval": 1, "adaptive_draft_length": False}
-    llm = make_llm(path, speculative_config=config, max_model_len=256)
+    llm = make_llm(path, in_process=True, speculative_config=config, max_model_len=256)
     try:
         llm.collective_rpc(_install_exhaustive_check)
         prompts = [f"Story {i}: once upon a time" for i in range(4)]
@@ -302,7 +302,7 @@ def run_workload(llm, single=True):
 
 @pytest.fixture(scope="module")
 def plain(smollm2_path):
-    llm = make_llm(smollm2_path, max_model_len=1024)
+    llm = make_llm(smollm2_path, in_process=True, max_model_len=1024)
     try:
         return run_workload(llm)
     finally:
@@ -311,7 +311,7 @@ def plain(smollm2_path):
 
 @pytest.fixture(scope="module")
 def clasp_run(smollm2_path):
-    llm = make_llm(smollm2_path, speculative_config=CLASP, max_model_len=1024)
+    llm = make_llm(smollm2_path, in_process=True, speculative_config=CLASP, max_model_len=1024)
     try:
         return (*run_workload(llm), proposer_stats(llm))
     finally:
@@ -334,7 +334,7 @@ def test_greedy_parity_while_the_dp_runs_every_step(plain, clasp_run):
 def test_dp_masks_beat_an_even_spread_of_the_same_size(smollm2_path, plain, clasp_run):
     uniform = {"method": "layer_skip", "skip_layers": list(evenly_spread_layers(30, NUM_SKIP)),
                **FIXED}
-    llm = make_llm(smollm2_path, speculative_config=uniform, max_model_len=1024)
+    llm = make_llm(smollm2_path, in_process=True, speculative_config=uniform, max_model_len=1024)
     try:
         batch, _, uniform_c = run_workload(llm, single=False)
     finally:
@@ -351,9 +351,9 @@ def test_dp_masks_beat_an_even_spread_of_the_same_size(smollm2_path, plain, clas
 
 
 def test_dp_failure_keeps_serving(smollm2_path, plain, monkeypatch):
-    # The engine process inherits the environment: its 2nd DP run raises.
+    # The engine reads the fault setting from the environment: its 2nd DP run raises.
     monkeypatch.setenv(ENV_VAR, "clasp.dp@2")
-    llm = make_llm(smollm2_path, speculative_config=CLASP, max_model_len=1024)
+    llm = make_llm(smollm2_path, in_process=True, speculative_config=CLASP, max_model_len=1024)
     try:
         batch, _, counters = run_workload(llm, single=False)
         clasp = proposer_stats(llm)["clasp"]
@@ -412,10 +412,10 @@ def _snapshot_checks(worker):
 
 def test_background_dp_matches_the_engine_dp_and_survives_a_fault(smollm2_path, plain,
                                                                    monkeypatch):
-    # The engine process inherits the environment: the thread's 3rd run raises.
+    # The engine reads the fault setting from the environment: the thread's 3rd run raises.
     monkeypatch.setenv(ENV_VAR, "clasp.dp@3")
     config = {**CLASP, "background_dp": True}
-    llm = make_llm(smollm2_path, speculative_config=config, max_model_len=1024)
+    llm = make_llm(smollm2_path, in_process=True, speculative_config=config, max_model_len=1024)
     try:
         llm.collective_rpc(_install_snapshot_check)
         batch, single, counters = run_workload(llm)

@@ -19,12 +19,12 @@ def generate(llm):
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
 def test_family_parity(tiny_model_dir, family):
     path = tiny_model_dir(family, num_layers=4, out_proj_std=0.025)
-    llm = make_llm(path, max_model_len=256)
+    llm = make_llm(path, in_process=True, max_model_len=256)
     plain = generate(llm)
     shutdown(llm)
 
     config = {"method": "layer_skip", "num_speculative_tokens": 3, "adaptive_draft_length": False, "skip_attn": [2], "skip_mlp": [1]}
-    llm = make_llm(path, speculative_config=config, max_model_len=256)
+    llm = make_llm(path, in_process=True, speculative_config=config, max_model_len=256)
     try:
         spec = generate(llm)
         counters = spec_decode_counters(llm)

@@ -45,7 +45,7 @@ def run(llm):
 
 @pytest.fixture(scope="module")
 def plain(smollm2_path):
-    llm = make_llm(smollm2_path, max_model_len=MAX_MODEL_LEN)
+    llm = make_llm(smollm2_path, in_process=True, max_model_len=MAX_MODEL_LEN)
     out = run(llm)
     shutdown(llm)
     return out
@@ -84,7 +84,8 @@ CONFIGS = {
 def test_layer_skip_greedy_parity(smollm2_path, plain, name):
     config = {"method": "layer_skip", **CONFIGS[name]}
     k = config["num_speculative_tokens"]
-    llm = make_llm(smollm2_path, speculative_config=config, max_model_len=MAX_MODEL_LEN)
+    llm = make_llm(smollm2_path, in_process=True, speculative_config=config,
+                   max_model_len=MAX_MODEL_LEN)
     try:
         out = run(llm)
         counters = spec_decode_counters(llm)

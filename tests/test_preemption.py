@@ -20,14 +20,14 @@ def preemptions(llm) -> int:
 
 
 def test_parity_under_preemption(smollm2_path):
-    llm = make_llm(smollm2_path, max_model_len=1024)
+    llm = make_llm(smollm2_path, in_process=True, max_model_len=1024)
     prompts, params = workload(llm)
     plain = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
     shutdown(llm)
 
     config = {"method": "layer_skip", "num_speculative_tokens": 4, "skip_ratio": 0.2,
               "adaptive_draft_length": False}
-    llm = make_llm(smollm2_path, speculative_config=config, max_model_len=1024,
+    llm = make_llm(smollm2_path, in_process=True, speculative_config=config, max_model_len=1024,
                    num_gpu_blocks_override=NUM_BLOCKS)
     try:
         out = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]

@@ -54,7 +54,7 @@ def tiny_llama(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def plain_samples(tiny_llama):
-    llm = make_llm(tiny_llama, max_model_len=256)
+    llm = make_llm(tiny_llama, in_process=True, max_model_len=256)
     samples = {t: sample(llm, t) for t in (1.0, 0.7)}
     samples["greedy"] = greedy(llm)
     shutdown(llm)
@@ -103,10 +103,10 @@ def test_failed_draft_passes_fall_back_to_plain_decoding(tiny_llama, plain_sampl
     draw the same tokens as on a plain engine."""
     from vllm_layerskip.faults import ENV_VAR
 
-    monkeypatch.setenv(ENV_VAR, "draft@3")  # the engine's processes copy it
+    monkeypatch.setenv(ENV_VAR, "draft@3")  # read by the engine (call counts are per engine)
     config = {"method": "layer_skip", "num_speculative_tokens": 3, "adaptive_draft_length": False,
               **CONFIGS["layer_skip"]}
-    llm = make_llm(tiny_llama, speculative_config=config, max_model_len=256)
+    llm = make_llm(tiny_llama, in_process=True, speculative_config=config, max_model_len=256)
     try:
         llm.collective_rpc(_count_rejection_sampler_calls)
         assert greedy(llm) == plain_samples["greedy"]
@@ -149,7 +149,7 @@ CONFIGS = {
 @pytest.mark.parametrize("method", list(CONFIGS))
 def test_sampling_distribution_matches_plain(tiny_llama, plain_samples, method):
     config = {"num_speculative_tokens": 3, "adaptive_draft_length": False, **CONFIGS[method]}
-    llm = make_llm(tiny_llama, speculative_config=config, max_model_len=256)
+    llm = make_llm(tiny_llama, in_process=True, speculative_config=config, max_model_len=256)
     try:
         spec = sample(llm, 1.0)
         counters = spec_decode_counters(llm)

@@ -113,12 +113,12 @@ def test_search_runs_resumes_and_writes_a_loadable_profile(tiny_model_dir, tmp_p
               "adaptive_draft_length": False}
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     prompts_list = ["The old lighthouse keeper", "Once upon a time", "In the beginning"]
-    plain = make_llm(model, max_model_len=256)
+    plain = make_llm(model, in_process=True, max_model_len=256)
     try:
         expected = [o.outputs[0].token_ids for o in plain.generate(prompts_list, params, use_tqdm=False)]
     finally:
         shutdown(plain)
-    llm = make_llm(model, speculative_config=config, max_model_len=256)
+    llm = make_llm(model, in_process=True, speculative_config=config, max_model_len=256)
     try:
         got = [o.outputs[0].token_ids for o in llm.generate(prompts_list, params, use_tqdm=False)]
         status = proposer_stats(llm)["self_sd"]
@@ -139,7 +139,7 @@ def test_shipped_profile_beats_uniform_set_of_same_size(smollm2_path):
                        ("uniform", uniform)):
         config = {"method": "layer_skip", "num_speculative_tokens": 4,
                   "adaptive_draft_length": False, **sets}
-        llm = make_llm(smollm2_path, speculative_config=config, max_model_len=1024)
+        llm = make_llm(smollm2_path, in_process=True, speculative_config=config, max_model_len=1024)
         try:
             llm.generate(chat_prompts(llm, questions),
                          SamplingParams(temperature=0, max_tokens=64), use_tqdm=False)

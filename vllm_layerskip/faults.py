@@ -19,6 +19,12 @@ ENV_VAR = "VLLM_LAYERSKIP_INJECT_FAULT"
 _calls: Counter[str] = Counter()
 
 
+def reset_counts() -> None:
+    """Count calls from zero again: each engine does at start, so that "@3"
+    means its 3rd call even where several engines run in one process."""
+    _calls.clear()
+
+
 class InjectedFault(RuntimeError):
     """Raised on purpose by a test through VLLM_LAYERSKIP_INJECT_FAULT."""
 

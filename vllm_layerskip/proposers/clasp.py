@@ -59,6 +59,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 
 import numpy as np
 import torch
@@ -362,8 +363,11 @@ class BackgroundDP:
     submits a snapshot and later takes the outcome (a DPResult or the
     exception it raised, and the seconds it took); nothing else is shared."""
 
-    def __init__(self, run):  # run(snapshot) -> DPResult
-        self._run = run
+    def __init__(self, run):  # run(snapshot) -> DPResult, a bound method
+        # Held weakly: the thread never ends (it waits for jobs), and a strong
+        # reference would keep the search, and through it the model, alive
+        # after the engine is gone in a process that builds several engines.
+        self._run = weakref.WeakMethod(run)
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._done: tuple[DPResult | Exception, float] | None = None
@@ -381,12 +385,16 @@ class BackgroundDP:
     def _loop(self) -> None:
         while True:
             snapshot = self._jobs.get()
+            run = self._run()
+            if run is None:  # the search is gone with its engine
+                return
             start = time.perf_counter()
             try:
                 with torch.inference_mode():  # per thread in torch
-                    outcome = self._run(snapshot)
+                    outcome = run(snapshot)
             except Exception as e:  # noqa: BLE001 - reported on the engine thread
                 outcome = e
-            del snapshot  # free the KV copy before waiting for the next job
+            # Free the KV copy, and drop the search, before waiting for the next job.
+            del snapshot, run
             with self._lock:
                 self._done = (outcome, time.perf_counter() - start)
