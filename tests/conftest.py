@@ -79,3 +79,14 @@ def make_llm(model: str, speculative_config: dict | None = None, *, in_process: 
 
 
 IN_PROCESS_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
+
+@pytest.fixture(autouse=True)
+def fault_counts_start_at_zero():
+    """Fault injection (vllm_layerskip/faults.py) counts calls per process: the
+    engines built in this process and the tests' own searches share the counts,
+    so that "swift.optimizer@3" means the 3rd call in the test, they restart
+    at every test."""
+    from vllm_layerskip.faults import reset_counts
+
+    reset_counts()
