@@ -57,7 +57,8 @@ def make_llm(model: str, speculative_config: dict | None = None, *, in_process: 
     start 4-5 s instead of 35-38 s and stop 2 s instead of 6 s, since vLLM's
     default spawns two processes that each import vLLM and torch anew; the
     same outputs and draft counts. Tests of process-level behaviour (tensor
-    parallelism, the server, aborts) keep the default."""
+    parallelism, the server, aborts) and of how much a background thread gets
+    done next to the engine keep the default."""
     import vllm.envs as envs
     from vllm import LLM
 

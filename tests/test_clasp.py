@@ -5,8 +5,11 @@ masks beat an evenly spread set of the same size in acceptance on SmolLM2; the
 background DP (on a copy of the requests' K/V) against the engine's DP, with
 parity and a fault in its thread."""
 
+import gc
 import itertools
 import os
+import time
+import weakref
 from collections import Counter
 
 import numpy as np
@@ -28,7 +31,7 @@ from vllm_layerskip.measure import (
     spec_decode_counters,
 )
 from vllm_layerskip.options import ClaspOptions
-from vllm_layerskip.proposers.clasp import ClaspSearch, evenly_spread_layers
+from vllm_layerskip.proposers.clasp import BackgroundDP, ClaspSearch, evenly_spread_layers
 
 # ---- the DP on random layers (no engine) -------------------------------------
 
@@ -168,6 +171,30 @@ def test_search_schedule_batch_objective_and_turns():
     x0 = engine.stack.embed(torch.from_numpy(FakeRunner().input_batch.token_ids_cpu[rows, pos]))
     targets = full_states(layer, x0, NUM_LAYERS)
     assert result.score == pytest.approx(set_score(layer, targets, result.skipped), abs=1e-5)
+
+
+def test_background_thread_does_not_keep_the_search_alive():
+    """The DP thread outlives its engine (it waits for jobs forever): it must not
+    hold the search, which holds the model, once the engine lets go of it."""
+
+    class Search:
+        def run(self, snapshot):
+            return snapshot * 2
+
+    search = Search()
+    updater = BackgroundDP(search.run)
+    updater.submit(21)
+    deadline = time.monotonic() + 10
+    while (done := updater.take()) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert done is not None and done[0] == 42
+    alive = weakref.ref(search)
+    del search
+    gc.collect()
+    assert alive() is None
+    updater.submit(1)  # the thread sees the search is gone and ends
+    updater.thread.join(timeout=10)
+    assert not updater.thread.is_alive()
 
 
 def test_dp_waits_while_drafting_is_off():
