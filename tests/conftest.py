@@ -49,6 +49,9 @@ def tiny_model_dir(tmp_path_factory, smollm2_path):
     return build
 
 
+IN_PROCESS_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
+
 def make_llm(model: str, speculative_config: dict | None = None, *, in_process: bool = False,
              **kwargs):
     """An offline engine. in_process: engine core and worker run in this
@@ -77,9 +80,6 @@ def make_llm(model: str, speculative_config: dict | None = None, *, in_process: 
         else:
             os.environ[IN_PROCESS_ENV] = saved
         envs.disable_envs_cache()
-
-
-IN_PROCESS_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 
 @pytest.fixture(autouse=True)

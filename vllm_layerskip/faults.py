@@ -20,8 +20,8 @@ _calls: Counter[str] = Counter()
 
 
 def reset_counts() -> None:
-    """Count calls from zero again: each engine does at start, so that "@3"
-    means its 3rd call even where several engines run in one process."""
+    """Count calls from zero again. Counts are per process; the test suite,
+    which builds several engines in one process, resets them before each test."""
     _calls.clear()
 
 

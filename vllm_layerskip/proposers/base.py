@@ -14,7 +14,7 @@ import numpy as np
 
 from vllm_layerskip.cost_model import DraftLengthPolicy
 from vllm_layerskip.draft_engine import DraftRequests, DraftResult, DraftEngine
-from vllm_layerskip.faults import maybe_fail, reset_counts
+from vllm_layerskip.faults import maybe_fail
 from vllm_layerskip.patches.config import get_selection
 from vllm_layerskip.rank_agreement import rank_agreement
 
@@ -66,7 +66,6 @@ class LayerSkipProposerBase:
         self._last_log = time.monotonic()
         self.bookkeeping = RequestBookkeeping()
         self._status_file = os.environ.get(STATUS_FILE_ENV) or None
-        reset_counts()  # fault-injection call counts are per engine
 
     def load_model(self, target_model) -> None:
         self.engine.load_model(target_model)
