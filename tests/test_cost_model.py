@@ -33,6 +33,17 @@ def test_linear_cost_fits_and_extrapolates():
     assert single.predict(8) == pytest.approx(0.08)  # proportional until a 2nd size
 
 
+def test_linear_cost_refits_after_every_sample():
+    # The fit is cached between samples: a new sample must still move it.
+    cost = LinearCost(window=4)
+    for n in (1, 3, 1, 3):
+        cost.add(n, 0.01 * n)
+    assert cost.predict(5) == pytest.approx(0.05)
+    for n in (1, 3, 1, 3):  # the window now holds only these: cost falls with size
+        cost.add(n, 0.04 - 0.01 * n)
+    assert cost.predict(5) == pytest.approx(0.02)  # no negative slope: the mean
+
+
 def simulate(policy, steps, verify, draft, rates, num_reqs=1, rng=None):
     """Drive the policy like the proposer does, with synthetic timings/acceptance."""
     rng = rng or np.random.default_rng(0)

@@ -197,9 +197,9 @@ class SwiftSearch:
             return
         if self.decode_steps % self.options.optimize_interval:
             return
-        windows = self._windows(runner, requests)
+        picked = self._pick_windows(runner, requests)
         needed = min(self.options.context_window, self.options.max_score_tokens)
-        if windows is None or windows.num_tokens < needed:
+        if sum(length for _, _, length in picked) < needed:
             return
         # Every rank gets here in the same step (the checks above read only
         # data all ranks hold); from here on, rank 0's decision holds.
@@ -218,6 +218,8 @@ class SwiftSearch:
         if len(candidate.coords) != self.count:  # asked for before r was lowered
             self._request_candidate()
             return
+        # Built only now: most steps are over budget or waiting for the thread.
+        windows = self._windows(runner, picked)
         try:
             self._score_candidate(runner, engine, windows, candidate)
         except Exception as e:  # noqa: BLE001 - any failure must not stop serving
@@ -385,13 +387,13 @@ class SwiftSearch:
 
     # ---- scoring windows ------------------------------------------------------
 
-    def _windows(self, runner, requests: DraftRequests) -> ScoreWindows | None:
-        """The most recent generated tokens of the running requests, up to
-        gamma per request and max_score_tokens in all; requests take turns
-        being first so every stream is scored over time."""
+    def _pick_windows(self, runner, requests: DraftRequests) -> list[tuple[int, int, int]]:
+        """(row, start, length) of the most recent generated tokens of the
+        running requests, up to gamma per request and max_score_tokens in all;
+        requests take turns being first so every stream is scored over time."""
         n = len(requests.rows)
         if n == 0:
-            return None
+            return []
         batch = runner.input_batch
         order = np.roll(np.arange(n), -(self.window_rotation % n))
         self.window_rotation += 1
@@ -408,12 +410,14 @@ class SwiftSearch:
             budget -= length
             if budget == 0:
                 break
-        if not picked:
-            return None
+        return picked
+
+    @staticmethod
+    def _windows(runner, picked: list[tuple[int, int, int]]) -> ScoreWindows:
         # Short queries first: some attention backends want decode-like
         # requests before longer ones.
-        picked.sort(key=lambda w: w[2])
-        tokens = batch.token_ids_cpu
+        picked = sorted(picked, key=lambda w: w[2])
+        tokens = runner.input_batch.token_ids_cpu
         return ScoreWindows(
             rows=np.array([w[0] for w in picked], dtype=np.int64),
             starts=np.array([w[1] for w in picked], dtype=np.int64),
