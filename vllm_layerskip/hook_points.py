@@ -127,6 +127,23 @@ HOOKS: tuple[Hook, ...] = (
          names=("architectures", "hf_text_config", "model", "max_model_len", "get_vocab_size")),
     Hook("vllm/config/parallel.py", "ParallelConfig", "fields",
          "pipeline parallelism is refused", names=("pipeline_parallel_size",)),
+    # ---- engine core (patches/engine_core.py) --------------------------------
+    Hook("vllm/v1/engine/core.py", "EngineCore.post_step", "method",
+         "patched: takes the step's drafts from the model output instead of a "
+         "call to the worker", params=("self", "model_executed"), exact=True),
+    Hook("vllm/v1/engine/core.py", "EngineCore.post_step", "mentions",
+         "the call the patch saves, and the call it makes instead",
+         names=("self.model_executor.take_draft_token_ids",
+                "self.scheduler.update_draft_token_ids")),
+    Hook("vllm/v1/engine/core.py", "EngineCore", "attributes",
+         "the patched post_step keeps vLLM's conditions",
+         names=("check_for_draft_tokens", "async_scheduling", "scheduler")),
+    Hook("vllm/v1/core/sched/scheduler.py", "Scheduler.update_from_output", "method",
+         "patched: keeps the drafts the worker attached to the step's output",
+         params=("self", "scheduler_output", "model_runner_output"), exact=True),
+    Hook(_RUNNER, "GPUModelRunner.take_draft_token_ids", "method",
+         "the worker attaches what it returns to the step's output", params=("self",),
+         exact=True),
     # ---- model runner --------------------------------------------------------
     Hook(_RUNNER, "GPUModelRunner.propose_draft_token_ids", "method",
          "patched: layer-skip drafters get the runner itself",

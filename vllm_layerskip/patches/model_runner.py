@@ -30,13 +30,17 @@
 4. `GPUModelRunner.execute_model` and `sample_tokens`: when the drafter has a
    `model_gate` (CLaSp's background DP thread), they run holding it, so the
    thread's layer calls never overlap the engine's use of vLLM's kernels
-   (model_gate.py says why). Without one they are vLLM's own.
+   (model_gate.py says why). Without one they are vLLM's own. For a
+   layer-skip drafter, `sample_tokens` also attaches the step's drafts to its
+   output, which saves the engine core a call to the worker per step
+   (patches/engine_core.py).
 """
 
 from __future__ import annotations
 
 from contextlib import nullcontext
 
+from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from vllm_layerskip.patches import Patch, call_original
@@ -105,8 +109,18 @@ def execute_model(self, *args, **kwargs):
 
 
 def sample_tokens(self, *args, **kwargs):
+    from vllm_layerskip.patches.engine_core import DRAFTS_ATTR
+    from vllm_layerskip.proposers.base import LayerSkipProposerBase
+
     with _model_gate(self):
-        return call_original(GPUModelRunner, "sample_tokens")(self, *args, **kwargs)
+        output = call_original(GPUModelRunner, "sample_tokens")(self, *args, **kwargs)
+    if isinstance(getattr(self, "drafter", None), LayerSkipProposerBase) and isinstance(
+        output, ModelRunnerOutput
+    ):
+        # This step's drafts, handed to the engine core with the output
+        # (patches/engine_core.py says why).
+        setattr(output, DRAFTS_ATTR, self.take_draft_token_ids())
+    return output
 
 
 def patches() -> list[Patch]:
