@@ -58,9 +58,8 @@ def make_llm(model: str, speculative_config: dict | None = None, *, in_process: 
     process (VLLM_ENABLE_V1_MULTIPROCESSING=0, vLLM's uniprocess executor):
     the same model runner and plugin code. benchmarks/bench_engine_startup.py
     here (SmolLM2, 2 cores): start 3.5-5 s instead of 31-38 s and stop 2 s
-    instead of 6 s, since vLLM's
-    default spawns two processes that each import vLLM and torch anew; the
-    same outputs and draft counts. Tests of process-level behaviour (tensor
+    instead of 6 s, since vLLM's default spawns two processes that each import
+    vLLM and torch anew; the same outputs and draft counts. Tests of process-level behaviour (tensor
     parallelism, the server, aborts) and of how much a background thread gets
     done next to the engine keep the default."""
     import vllm.envs as envs

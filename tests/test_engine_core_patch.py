@@ -4,7 +4,7 @@ the step's output, and the engine core no longer calls the worker for them."""
 from conftest import make_llm
 from vllm import SamplingParams
 
-from vllm_layerskip.measure import spec_decode_counters
+from vllm_layerskip.measure import shutdown, spec_decode_counters
 
 
 def test_drafts_reach_the_scheduler_without_a_call_to_the_worker(tiny_model_dir):
@@ -29,4 +29,4 @@ def test_drafts_reach_the_scheduler_without_a_call_to_the_worker(tiny_model_dir)
         assert counters.accepted_tokens == counters.draft_tokens
         assert calls == []  # vLLM's own post_step would call it once per step
     finally:
-        del llm
+        shutdown(llm)

@@ -44,14 +44,21 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from vllm_layerskip.patches import Patch, call_original
+from vllm_layerskip.patches.engine_core import DRAFTS_ATTR
+
+
+def _has_layerskip_drafter(runner) -> bool:
+    # Imported on use, as each patch function did before: a module-level import
+    # would load the proposers wherever vLLM loads the plugin's patches.
+    from vllm_layerskip.proposers.base import LayerSkipProposerBase
+
+    return isinstance(getattr(runner, "drafter", None), LayerSkipProposerBase)
 
 
 def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, *args, **kwargs):
     # The remaining arguments (sampling metadata, hidden states, attention
     # metadata, slot mappings) are only for vLLM's own drafters.
-    from vllm_layerskip.proposers.base import LayerSkipProposerBase
-
-    if not isinstance(getattr(self, "drafter", None), LayerSkipProposerBase):
+    if not _has_layerskip_drafter(self):
         return call_original(GPUModelRunner, "propose_draft_token_ids")(
             self, scheduler_output, sampled_token_ids, *args, **kwargs
         )
@@ -77,22 +84,16 @@ def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, *args, **
 
 
 def _input_fits_in_drafter(self, common_attn_metadata):
-    from vllm_layerskip.proposers.base import LayerSkipProposerBase
-
-    if common_attn_metadata is not None and isinstance(
-        getattr(self, "drafter", None), LayerSkipProposerBase
-    ):
+    if common_attn_metadata is not None and _has_layerskip_drafter(self):
         return True
     return call_original(GPUModelRunner, "_input_fits_in_drafter")(self, common_attn_metadata)
 
 
 def _sample(self, logits, spec_decode_metadata):
-    from vllm_layerskip.proposers.base import LayerSkipProposerBase
-
     if (
         spec_decode_metadata is not None
         and spec_decode_metadata.max_spec_len == 0
-        and isinstance(getattr(self, "drafter", None), LayerSkipProposerBase)
+        and _has_layerskip_drafter(self)
     ):
         spec_decode_metadata = None
     return call_original(GPUModelRunner, "_sample")(self, logits, spec_decode_metadata)
@@ -110,13 +111,9 @@ def execute_model(self, *args, **kwargs):
 
 def sample_tokens(self, *args, **kwargs):
     from vllm_layerskip.patches.engine_core import DRAFTS_ATTR
-    from vllm_layerskip.proposers.base import LayerSkipProposerBase
-
     with _model_gate(self):
         output = call_original(GPUModelRunner, "sample_tokens")(self, *args, **kwargs)
-    if isinstance(getattr(self, "drafter", None), LayerSkipProposerBase) and isinstance(
-        output, ModelRunnerOutput
-    ):
+    if _has_layerskip_drafter(self) and isinstance(output, ModelRunnerOutput):
         # This step's drafts, handed to the engine core with the output
         # (patches/engine_core.py says why).
         setattr(output, DRAFTS_ATTR, self.take_draft_token_ids())
