@@ -213,7 +213,7 @@ def main() -> None:
              if args.workloads else [(n, t) for n in args.concurrency for t in args.temperatures])
     workloads = []
     for n, t in pairs:
-        blocks = (latency_blocks(questions, args.per_category, cats) if n == 1
+        blocks = (latency_blocks(questions, args.per_category, cats, args.batch_size) if n == 1
                   else concurrent_blocks(questions, n, args.rounds, cats))
         workloads.append((Workload(n, t), blocks))
 
@@ -256,7 +256,7 @@ def main() -> None:
     bar.close()
 
     figures.check_parity(turns)
-    rows = figures.derive(figures.aggregate(turns), engines_info)
+    rows = figures.derive(figures.aggregate(turns), engines_info, figures.speedup_intervals(turns))
     # Table order: the plain engine(s) first, then the configurations in order.
     started.sort(key=lambda c: c.family != "plain")  # stable: groups keep their order
     names = [c.name for c in started]

@@ -14,11 +14,17 @@ the derived columns.
   sampling, scheduling) relative to a plain step; SWIFT's Eq. 6 assumes 1.
 - E = M*alpha / ((M-1)*c + alpha), SWIFT Eq. 6; (M-1)/alpha is the number of
   draft steps per verify step.
+- speedup interval: a 95% paired bootstrap interval of the speedup over the
+  blocks (questions at batch 1, batches in concurrent mode), resampled within
+  each category; it says how far the point figure could move with other
+  questions and another stretch of this shared machine.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+
+import numpy as np
 
 ALL = "all"
 
@@ -102,6 +108,41 @@ def check_parity(turns: list[dict]) -> None:
                 break
 
 
+def speedup_intervals(turns: list[dict], level: float = 0.95, reps: int = 4000,
+                      seed: int = 0) -> dict[tuple, tuple[float, float]]:
+    """(workload, category, config) -> (low, high): a paired bootstrap interval of
+    the tokens/s speedup over plain of the same group.
+
+    The unit is a block (a question at batch 1, a batch in concurrent mode): a
+    configuration and plain ran it back to back, so the pair shares the machine's
+    state. Blocks are resampled with replacement within each category (the ALL
+    interval keeps every category's share), and each resample's speedup is a
+    ratio of sums, as the point figure is. Needs two blocks or more."""
+    plain = {(t["group"], t["workload"], t["block"]): t for t in turns if t["family"] == "plain"}
+    pairs: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    for t in turns:
+        ref = plain.get((t["group"], t["workload"], t["block"]))
+        if ref is None or t["family"] == "plain":
+            continue
+        pair = (t["num_tokens"], t["seconds"], ref["num_tokens"], ref["seconds"])
+        for cat in (ALL,) if t["category"] == "mixed" else (t["category"], ALL):
+            pairs[(t["workload"], cat, t["config"])][t["category"]].append(pair)
+    rng = np.random.default_rng(seed)
+    out = {}
+    for key, by_cat in pairs.items():
+        if sum(len(v) for v in by_cat.values()) < 2:
+            continue
+        sums = np.zeros((reps, 4))
+        for rows in by_cat.values():
+            arr = np.asarray(rows, dtype=float)
+            pick = rng.integers(0, len(arr), size=(reps, len(arr)))
+            sums += arr[pick].sum(axis=1)
+        speedup = (sums[:, 0] / sums[:, 1]) / (sums[:, 2] / sums[:, 3])
+        low, high = np.quantile(speedup, [(1 - level) / 2, (1 + level) / 2])
+        out[key] = (float(low), float(high))
+    return out
+
+
 def acceptance_distribution(drafts: int, per_pos: list[int]) -> list[int]:
     """Drafts whose first j tokens were accepted, j = 0..K. Acceptance is a
     prefix, so `per_pos[j]` counts drafts with more than j accepted."""
@@ -117,8 +158,9 @@ def swift_eq6(m: float | None, alpha: float | None, c: float | None) -> float | 
     return m * alpha / ((m - 1) * c + alpha)
 
 
-def derive(sums: dict, engines_info: dict) -> list[dict]:
-    """One row per (workload, category, config) with every derived column."""
+def derive(sums: dict, engines_info: dict, intervals: dict | None = None) -> list[dict]:
+    """One row per (workload, category, config) with every derived column;
+    `intervals` from speedup_intervals."""
     rows = []
     for (workload, cat, name), acc in sums.items():
         # Plain decoding of the same engine group: interleaved with this config.
@@ -127,6 +169,8 @@ def derive(sums: dict, engines_info: dict) -> list[dict]:
         r["tokens_per_second"] = acc["num_tokens"] / acc["seconds"] if acc["seconds"] else None
         r["speedup"] = (r["tokens_per_second"] / (ref["num_tokens"] / ref["seconds"])
                         if ref and r["tokens_per_second"] else None)
+        r["speedup_low"], r["speedup_high"] = (intervals or {}).get((workload, cat, name),
+                                                                    (None, None))
         # Time per output token after the first (prefill left out): separates
         # what speculation does to decoding from prefill-time noise.
         r["tpot_seconds"] = _tpot(acc)

@@ -11,9 +11,13 @@ import sys
 
 from .figures import ALL
 
+# The issue's floor for every layer-skip method with the cost model on: at least
+# this fraction of plain decoding's tokens/s in every category.
+SPEEDUP_FLOOR = 0.95
+
 CSV_FIELDS = (
     "workload", "category", "config", "group", "seconds", "num_tokens", "num_requests", "steps",
-    "tokens_per_second", "speedup", "tpot_seconds", "tpot_speedup", "drafts", "draft_tokens", "accepted", "M", "alpha",
+    "tokens_per_second", "speedup", "speedup_low", "speedup_high", "tpot_seconds", "tpot_speedup", "drafts", "draft_tokens", "accepted", "M", "alpha",
     "accepted_per_pos", "acceptance_distribution", "draft_seconds", "num_forward_steps",
     "num_proposals", "num_draft_tokens", "draft_step_seconds", "plain_step_seconds", "c", "v",
     "E_eq6", "optimizer_seconds", "optimizer_thread_seconds", "optimizer_share",
@@ -71,6 +75,12 @@ def header(args, info: dict, workloads, n_engines: int, groups: int) -> str:
     return "\n".join(lines)
 
 
+def interval(r: dict | None) -> str:
+    if not r or r.get("speedup_low") is None:
+        return "-"
+    return f"{r['speedup_low']:.2f}-{r['speedup_high']:.2f}"
+
+
 def _parity_cell(r: dict) -> str:
     if r["parity"] is None:
         return "-"
@@ -78,9 +88,9 @@ def _parity_cell(r: dict) -> str:
 
 
 def overall_table(rows: list[dict], workload: str, names: list[str]) -> str:
-    out = ["| config | tok/s | speedup | TPOT speedup | M | alpha | c | v | E (Eq. 6) | "
-           "drafting | optimizer | peak RSS GiB | parity |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+    out = ["| config | tok/s | speedup | 95% interval | TPOT speedup | M | alpha | c | v | "
+           "E (Eq. 6) | drafting | optimizer | peak RSS GiB | parity |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
     by_name = {r["config"]: r for r in rows if r["workload"] == workload and r["category"] == ALL}
     for name in names:
         r = by_name.get(name)
@@ -88,7 +98,7 @@ def overall_table(rows: list[dict], workload: str, names: list[str]) -> str:
             continue
         out.append(
             f"| {name} | {fmt(r['tokens_per_second'], '.1f')} | {fmt(r['speedup'])} | "
-            f"{fmt(r['tpot_speedup'])} | {fmt(r['M'])} | {fmt(r['alpha'])} | {fmt(r['c'], '.3f')} | {fmt(r['v'])} | "
+            f"{interval(r)} | {fmt(r['tpot_speedup'])} | {fmt(r['M'])} | {fmt(r['alpha'])} | {fmt(r['c'], '.3f')} | {fmt(r['v'])} | "
             f"{fmt(r['E_eq6'])} | {fmt(r['drafting_fraction'], '.0%')} | "
             f"{fmt(r['optimizer_share'], '.0%')} | {fmt(r['peak_rss_gib'], '.2f')} | "
             f"{_parity_cell(r)} |")
@@ -96,15 +106,42 @@ def overall_table(rows: list[dict], workload: str, names: list[str]) -> str:
 
 
 def category_matrix(rows: list[dict], workload: str, names: list[str], cats: list[str],
-                    key: str, spec: str) -> str:
-    cells = {(r["config"], r["category"]): r.get(key) for r in rows if r["workload"] == workload}
+                    key: str, spec: str, cell=None) -> str:
+    """One row per config, one column per category; `cell(row)` formats a
+    cell (default: the row's `key` with `spec`)."""
+    cell = cell or (lambda r: fmt(r.get(key) if r else None, spec))
+    index = {(r["config"], r["category"]): r for r in rows if r["workload"] == workload}
     out = ["| config | " + " | ".join(cats + [ALL]) + " |",
            "|---|" + "---:|" * (len(cats) + 1)]
     for name in names:
-        if not any((name, c) in cells for c in cats):
+        if not any((name, c) in index for c in cats):
             continue
-        out.append(f"| {name} | " + " | ".join(fmt(cells.get((name, c)), spec)
+        out.append(f"| {name} | " + " | ".join(cell(index.get((name, c)))
                                               for c in cats + [ALL]) + " |")
+    return "\n".join(out)
+
+
+def floor_check(rows: list[dict], workload: str, names: list[str], cats: list[str]) -> str:
+    """Per speculative config: does every category reach SPEEDUP_FLOOR? A category
+    is clearly below when its whole interval is; clearly above when its whole
+    interval is; anything else is within this run's noise."""
+    index = {(r["config"], r["category"]): r for r in rows if r["workload"] == workload}
+    out = [f"| config | lowest category | categories >= {SPEEDUP_FLOOR:.2f}x | interval wholly "
+           f"above {SPEEDUP_FLOOR:.2f} | interval wholly below {SPEEDUP_FLOOR:.2f} |",
+           "|---|---|---:|---:|---|"]
+    for name in names:
+        found = [(c, index[(name, c)]) for c in cats
+                 if (name, c) in index and index[(name, c)].get("speedup") is not None]
+        if not found or name == "plain" or name.startswith("plain ["):
+            continue
+        low_cat, low = min(found, key=lambda cr: cr[1]["speedup"])
+        above = sum(r["speedup"] >= SPEEDUP_FLOOR for _, r in found)
+        sure = sum((r.get("speedup_low") or 0) >= SPEEDUP_FLOOR for _, r in found)
+        below = [c for c, r in found
+                 if r.get("speedup_high") is not None and r["speedup_high"] < SPEEDUP_FLOOR]
+        out.append(f"| {name} | {low['speedup']:.2f} ({low_cat}, {interval(low)}) | "
+                   f"{above}/{len(found)} | {sure}/{len(found)} | "
+                   f"{', '.join(below) or 'none'} |")
     return "\n".join(out)
 
 
@@ -209,6 +246,11 @@ def markdown(args, info, workloads, configs, rows, skipped, failed, final_stats,
         if w.latency:
             parts += ["Speedup by category:", "",
                       category_matrix(rows, label, names, cats, "speedup", ".2f"), "",
+                      "95% interval of the speedup by category (paired bootstrap over the "
+                      "questions; the A/A control's intervals show what noise alone does):", "",
+                      category_matrix(rows, label, names, cats, "", "", cell=interval), "",
+                      f"Floor check ({SPEEDUP_FLOOR:.2f}x plain in every category):", "",
+                      floor_check(rows, label, names, cats), "",
                       "Mean acceptance length M by category:", "",
                       category_matrix(rows, label, names, cats, "M", ".2f"), "",
                       "<details><summary>Every figure by category</summary>", "",
@@ -219,7 +261,9 @@ def markdown(args, info, workloads, configs, rows, skipped, failed, final_stats,
                       "(chi-square against plain decoding).", ""]
     parts += [
         "Columns: tok/s = output tokens / seconds in generate; speedup = over plain on the same "
-        "prompts, interleaved; TPOT speedup = the same for the time per output token after the "
+        "prompts, interleaved; 95% interval = of the speedup, paired bootstrap over the "
+        "questions (batch 1, resampled within each category) or batches (concurrent, with "
+        "--rounds 2 or more); TPOT speedup = the same for the time per output token after the "
         "first (prefill excluded); M = 1 + accepted/drafts; alpha = accepted/drafted tokens; "
         "c = draft step / plain decode step (plain's mean inter-token latency); v = non-draft "
         "time per engine step / plain decode step (batch 1); E = SWIFT Eq. 6 from M, alpha, c "

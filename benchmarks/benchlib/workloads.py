@@ -1,7 +1,7 @@
 """Workloads and the interleaved schedule.
 
 Latency mode (concurrency 1): per Spec-Bench category, its questions one request
-at a time (or `--batch-size` per call). Concurrent mode (concurrency N): N
+at a time (or `--batch-size` per call), one block per call. Concurrent mode (concurrency N): N
 requests submitted at once, which vLLM's scheduler batches; prompts are drawn
 round-robin across categories (the first question of every category, then the
 second, ...), so one batch mixes short QA prompts with long RAG and
@@ -11,7 +11,7 @@ their time cannot be split (and categories with 10 questions cannot fill a batch
 of 32 alone).
 
 Schedule: the unit is a turn = (workload, block, configuration), a block being
-one category (latency) or one batch (concurrent). Within a block every
+one generate call's questions of a category (latency) or one batch (concurrent). Within a block every
 configuration runs the same prompts back to back, so slow drift of the machine
 hits all of them alike. The order within a block follows a Williams Latin square:
 over n blocks (2n for an odd number n of configurations) each configuration runs
@@ -67,11 +67,24 @@ def categories_in_order(questions: list[dict]) -> list[str]:
 
 
 def latency_blocks(questions: list[dict], per_category: int,
-                   categories: list[str] | None = None) -> list[Block]:
+                   categories: list[str] | None = None, batch_size: int = 1) -> list[Block]:
+    """One block per generate call: `batch_size` questions of one category.
+
+    Small blocks make every question a paired sample: all configurations run it
+    back to back, so a slow stretch of the machine hits them alike, and the
+    spread of the per-question ratios gives each category's speedup an interval
+    (figures.speedup_intervals). Blocks go question-major (the first question of
+    every category, then the second, ...), so each category is spread over the
+    whole run, as learning methods and machine drift move along."""
     cats = categories or categories_in_order(questions)
-    return [Block(cat, [i for i, q in enumerate(questions)
-                        if q["category"] == cat and q["rank"] < per_category])
-            for cat in cats]
+    blocks = []
+    for start in range(0, per_category, batch_size):
+        for cat in cats:
+            chosen = [i for i, q in enumerate(questions) if q["category"] == cat
+                      and start <= q["rank"] < min(start + batch_size, per_category)]
+            if chosen:
+                blocks.append(Block(cat, chosen))
+    return blocks
 
 
 def concurrent_blocks(questions: list[dict], concurrency: int, rounds: int,

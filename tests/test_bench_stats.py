@@ -1,0 +1,94 @@
+"""The benchmark's statistics: the paired speedup interval and the batch-1
+blocks it rests on (no engine: turns are built by hand)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+
+from benchlib.figures import ALL, speedup_intervals  # noqa: E402
+from benchlib.report import floor_check  # noqa: E402
+from benchlib.workloads import latency_blocks  # noqa: E402
+
+WORKLOAD = "batch 1, T=0"
+
+
+def turns_for(plain_seconds, config_seconds, config="method", categories=None, tokens=64):
+    """One block per question; plain and the config ran each block back to back."""
+    categories = categories or ["writing"] * len(plain_seconds)
+    turns = []
+    for b, (p, c, cat) in enumerate(zip(plain_seconds, config_seconds, categories)):
+        for name, family, seconds in (("plain", "plain", p), (config, "plugin", c)):
+            turns.append({"group": 0, "workload": WORKLOAD, "block": b, "category": cat,
+                          "config": name, "family": family, "num_tokens": tokens,
+                          "seconds": seconds})
+    return turns
+
+
+def test_interval_covers_the_point_speedup_and_shrinks_with_more_questions():
+    rng = np.random.default_rng(1)
+    plain = 4.0 * np.exp(rng.normal(0, 0.08, 40))  # machine noise per question
+    method = plain / 0.97 * np.exp(rng.normal(0, 0.03, 40))  # 3% slower, paired
+    few = speedup_intervals(turns_for(plain[:4], method[:4]))[(WORKLOAD, "writing", "method")]
+    many = speedup_intervals(turns_for(plain, method))[(WORKLOAD, "writing", "method")]
+    point = plain.sum() / method.sum()
+    assert many[0] < point < many[1]
+    assert many[0] < 0.97 < many[1]
+    assert many[1] - many[0] < few[1] - few[0]
+    assert many[1] - many[0] < 0.05
+
+
+def test_interval_is_paired_drift_shared_by_both_engines_cancels():
+    # The machine slows down 2x half way through; the config is always 10% slower
+    # than plain on the same question. Unpaired, the spread would be huge.
+    plain = np.array([4.0] * 5 + [8.0] * 5)
+    low, high = speedup_intervals(turns_for(plain, plain * 1.1))[(WORKLOAD, "writing", "method")]
+    assert low == pytest.approx(1 / 1.1) and high == pytest.approx(1 / 1.1)
+
+
+def test_all_categories_resample_within_each_category():
+    cats = ["writing"] * 3 + ["rag"] * 3
+    plain = [4.0, 4.0, 4.0, 8.0, 8.0, 8.0]
+    method = [4.0, 4.0, 4.0, 10.0, 10.0, 10.0]  # rag 20% slower
+    got = speedup_intervals(turns_for(plain, method, categories=cats))
+    assert got[(WORKLOAD, "writing", "method")] == pytest.approx((1.0, 1.0))
+    assert got[(WORKLOAD, "rag", "method")] == pytest.approx((0.8, 0.8))
+    # Every resample keeps 3 writing and 3 rag questions: the ALL interval is one
+    # value, not a spread from drawing more of one category than the other.
+    low, high = got[(WORKLOAD, ALL, "method")]
+    assert low == pytest.approx(high)
+    assert low == pytest.approx(sum(plain) / sum(method))  # equal tokens: a ratio of times
+
+
+def test_no_interval_from_one_question_and_none_for_plain():
+    got = speedup_intervals(turns_for([4.0], [4.1]))
+    assert (WORKLOAD, "writing", "method") not in got
+    assert not any(key[2] == "plain" for key in speedup_intervals(turns_for([4, 5], [4, 5])))
+
+
+def test_batch1_blocks_are_one_call_each_question_major():
+    questions = [{"category": cat, "rank": r} for cat in ("a", "b") for r in range(3)]
+    blocks = latency_blocks(questions, per_category=2)
+    assert [(b.category, b.questions) for b in blocks] == [("a", [0]), ("b", [3]),
+                                                           ("a", [1]), ("b", [4])]
+    paired = latency_blocks(questions, per_category=3, batch_size=2)
+    assert [(b.category, b.questions) for b in paired] == [("a", [0, 1]), ("b", [3, 4]),
+                                                           ("a", [2]), ("b", [5])]
+
+
+def test_floor_check_names_categories_clearly_below():
+    def row(config, cat, speedup, low, high):
+        return {"workload": WORKLOAD, "config": config, "category": cat, "speedup": speedup,
+                "speedup_low": low, "speedup_high": high}
+
+    rows = [row("method", "writing", 1.01, 0.97, 1.05), row("method", "rag", 0.90, 0.86, 0.93),
+            row("method", "qa", 0.96, 0.93, 0.99), row("plain", "writing", 1.0, None, None)]
+    table = floor_check(rows, WORKLOAD, ["plain", "method"], ["writing", "rag", "qa"])
+    lines = table.splitlines()
+    assert len(lines) == 3  # header, rule, method: plain has no row
+    assert lines[2] == "| method | 0.90 (rag, 0.86-0.93) | 2/3 | 1/3 | rag |"
