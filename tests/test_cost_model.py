@@ -44,6 +44,21 @@ def test_linear_cost_refits_after_every_sample():
     assert cost.predict(5) == pytest.approx(0.02)  # no negative slope: the mean
 
 
+def test_linear_cost_window_fit_matches_least_squares_after_evictions():
+    # The line comes from running sums over the window: after many samples
+    # (evictions, periodic recounts) it must still be the window's own fit.
+    rng = np.random.default_rng(3)
+    cost = LinearCost(window=16)
+    for step in range(1, 200):
+        size = int(rng.integers(1, 33))
+        cost.add(size, 0.03 + 0.001 * size + rng.normal(0, 0.002))
+        if step >= 2 and step % 7 == 0:
+            x, y = np.array(cost.samples).T
+            slope, intercept = np.polyfit(x, y, 1)
+            expected = intercept + slope * 10 if slope > 0 else y.mean()  # no falling cost
+            assert cost.predict(10) == pytest.approx(expected, rel=1e-9)
+
+
 def simulate(policy, steps, verify, draft, rates, num_reqs=1, rng=None):
     """Drive the policy like the proposer does, with synthetic timings/acceptance."""
     rng = rng or np.random.default_rng(0)

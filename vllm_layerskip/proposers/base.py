@@ -131,6 +131,11 @@ class LayerSkipProposerBase:
         request's verified length, where nothing reads it before the target
         overwrites it. Under tensor parallelism this holds only for failures on
         every rank (README, "Tensor parallelism")."""
+        num_rows = len(runner.input_batch.req_ids)
+        if not requests.budget.any():
+            # The cost model chose plain decoding for this step (or no request has
+            # room left): no draft pass, and none of its per-step set-up.
+            return _no_drafts(num_rows)
         try:
             maybe_fail("draft")
             result = self.draft(runner, requests)
@@ -150,9 +155,7 @@ class LayerSkipProposerBase:
                     self.method, self.stats.num_proposals, len(requests.rows),
                     self.num_speculative_tokens,
                 )
-            num_rows = len(runner.input_batch.req_ids)
-            return DraftResult([[] for _ in range(num_rows)], None, 0,
-                               [[] for _ in range(num_rows)])
+            return _no_drafts(num_rows)
 
     def _ran_prompt_chunks(self, scheduler_output) -> bool:
         """Whether the step just run also processed prompt chunks (more tokens for
@@ -220,6 +223,10 @@ class LayerSkipProposerBase:
         if self.policy is not None:
             status["cost_model"] = self.policy.summary()
         return status
+
+
+def _no_drafts(num_rows: int) -> DraftResult:
+    return DraftResult([[] for _ in range(num_rows)], None, 0, [[] for _ in range(num_rows)])
 
 
 class RequestBookkeeping:
