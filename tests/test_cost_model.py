@@ -77,6 +77,62 @@ def simulate(policy, steps, verify, draft, rates, num_reqs=1, rng=None):
     return chosen
 
 
+def realized_throughput(steps, verify, draft, rates, num_reqs=1, fixed_k=None, noise=0.05,
+                        seed=0):
+    """Tokens per second of a simulated run: the cost model choosing each step's
+    draft length (fixed_k None) or a fixed length, timings with multiplicative
+    noise, acceptance drawn per request from the per-position rates."""
+    rng = np.random.default_rng(seed)
+    policy = DraftLengthPolicy(max_k=len(rates)) if fixed_k is None else None
+    tokens = seconds = 0.0
+    for _ in range(steps):
+        k = policy.choose(num_reqs) if policy else fixed_k
+        draft_seconds = draft(num_reqs) * float(np.exp(rng.normal(0, noise))) if k else 0.0
+        verify_seconds = verify(num_reqs * (1 + k)) * float(np.exp(rng.normal(0, noise)))
+        seconds += k * draft_seconds + verify_seconds
+        tokens += num_reqs
+        for _ in range(num_reqs if k else 0):
+            accepted = 0
+            while accepted < k and rng.random() < rates[accepted]:
+                accepted += 1
+            tokens += accepted
+            if policy:
+                policy.observe_acceptance(k, accepted)
+        if policy:
+            if k:
+                policy.observe_draft(num_reqs, draft_seconds)
+            policy.observe_verify(num_reqs * (1 + k), verify_seconds)
+    return tokens / seconds
+
+
+# (verify seconds of n tokens, draft forward seconds of b rows, acceptance by position, batch)
+COST_REGIMES = {
+    # Small-batch GPU decoding: extra verify tokens nearly free, cheap draft.
+    "gpu batch 1, high acceptance": (lambda n: 0.020 + 0.0002 * n, lambda b: 0.004,
+                                     [0.9, 0.9, 0.85, 0.85], 1),
+    "gpu batch 1, middling acceptance": (lambda n: 0.020 + 0.0002 * n, lambda b: 0.005,
+                                         [0.7, 0.55, 0.45, 0.4], 1),
+    # Verification no longer free under batch load: a short draft is best.
+    "loaded batch 16": (lambda n: 0.030 + 0.0012 * n, lambda b: 0.008 + 0.0002 * b,
+                        [0.8, 0.6, 0.5, 0.4], 16),
+    # This CPU: every extra token costs a step's share, drafts cost 0.7 of a step.
+    "cpu batch 1": (lambda n: 0.024 * n, lambda b: 0.017 * b, [0.3, 0.2, 0.2, 0.2], 1),
+}
+
+
+@pytest.mark.parametrize("regime", list(COST_REGIMES))
+def test_cost_model_keeps_95_percent_of_the_best_fixed_length(regime):
+    # The issue's targets in simulation: never below 0.95x plain decoding, and
+    # where a fixed draft length beats plain, at least 95% of the best one's speed.
+    verify, draft, rates, batch = COST_REGIMES[regime]
+    fixed = {k: realized_throughput(2000, verify, draft, rates, batch, fixed_k=k)
+             for k in range(len(rates) + 1)}
+    adaptive = realized_throughput(2000, verify, draft, rates, batch)
+    best_k = max(fixed, key=fixed.get)
+    assert adaptive >= 0.95 * fixed[best_k], (regime, adaptive / fixed[0], fixed)
+    assert adaptive >= 0.95 * fixed[0], (regime, adaptive / fixed[0])
+
+
 def test_cpu_like_costs_turn_drafting_off_with_rare_probes():
     # Verify cost grows with every token and drafts cost 0.7 of a step: never pays.
     policy = DraftLengthPolicy(max_k=4, probe_interval=16)
