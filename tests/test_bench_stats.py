@@ -92,3 +92,15 @@ def test_floor_check_names_categories_clearly_below():
     lines = table.splitlines()
     assert len(lines) == 3  # header, rule, method: plain has no row
     assert lines[2] == "| method | 0.90 (rag, 0.86-0.93) | 2/3 | 1/3 | rag |"
+
+
+def test_turn_figures_of_the_cost_model_from_its_cumulative_summary():
+    from benchlib.engines import diff_stats
+
+    before = {"cost_model": {"steps": 100, "drafting_fraction": 0.1, "mean_draft_length": 2.0}}
+    # 50 more steps, 10 of them drafting 4 tokens each: 20 drafting steps, 60 tokens chosen.
+    after = {"cost_model": {"steps": 150, "drafting_fraction": 20 / 150,
+                            "mean_draft_length": 60 / 20}}
+    turn = diff_stats(after, before)["cost_model"]
+    assert (turn["turn_steps"], turn["turn_drafting_steps"], turn["turn_draft_length_sum"]) \
+        == (50, 10, 40)

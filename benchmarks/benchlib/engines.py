@@ -116,9 +116,17 @@ def diff_stats(after: dict, before: dict) -> dict:
         if key == "cost_model" and isinstance(value, dict):
             prev = prev or {}
             steps = value.get("steps", 0) - prev.get("steps", 0)
-            drafting = (value.get("drafting_fraction", 0.0) * value.get("steps", 0)
-                        - prev.get("drafting_fraction", 0.0) * prev.get("steps", 0))
-            out[key] = {**value, "turn_steps": steps, "turn_drafting_steps": round(drafting)}
+
+            def drafting_steps(cm):
+                return cm.get("drafting_fraction", 0.0) * cm.get("steps", 0)
+
+            def draft_length_sum(cm):
+                return drafting_steps(cm) * cm.get("mean_draft_length", 0.0)
+
+            out[key] = {**value, "turn_steps": steps,
+                        "turn_drafting_steps": round(drafting_steps(value) - drafting_steps(prev)),
+                        "turn_draft_length_sum": round(draft_length_sum(value)
+                                                       - draft_length_sum(prev))}
         elif isinstance(value, bool) or not isinstance(value, (int, float, dict)):
             out[key] = value
         elif isinstance(value, dict):

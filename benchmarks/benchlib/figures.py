@@ -83,6 +83,7 @@ def aggregate(turns: list[dict]) -> dict:
             if isinstance(cm, dict):
                 _add(acc, "cost_model_steps", cm.get("turn_steps"))
                 _add(acc, "cost_model_drafting_steps", cm.get("turn_drafting_steps"))
+                _add(acc, "cost_model_draft_length_sum", cm.get("turn_draft_length_sum"))
             parity = t.get("parity")
             if parity is not None:
                 acc.setdefault("parity_checked", 0)
@@ -200,6 +201,11 @@ def derive(sums: dict, engines_info: dict, intervals: dict | None = None) -> lis
                                 if acc.get("optimizer_seconds") is not None else None)
         r["drafting_fraction"] = (acc["cost_model_drafting_steps"] / acc["cost_model_steps"]
                                   if acc.get("cost_model_steps") else None)
+        # The draft length the cost model chose, over the steps it drafted in.
+        chosen = acc.get("cost_model_draft_length_sum")
+        r["mean_draft_length"] = (chosen / acc["cost_model_drafting_steps"]
+                                  if chosen is not None and acc.get("cost_model_drafting_steps")
+                                  else None)
         if "parity_checked" in acc:
             r["parity"] = "parity_failure" not in acc
         else:

@@ -17,12 +17,14 @@ SPEEDUP_FLOOR = 0.95
 
 CSV_FIELDS = (
     "workload", "category", "config", "group", "seconds", "num_tokens", "num_requests", "steps",
-    "tokens_per_second", "speedup", "speedup_low", "speedup_high", "tpot_seconds", "tpot_speedup", "drafts", "draft_tokens", "accepted", "M", "alpha",
+    "tokens_per_second", "speedup", "speedup_low", "speedup_high", "tpot_seconds",
+    "tpot_speedup", "drafts", "draft_tokens", "accepted", "M", "alpha",
     "accepted_per_pos", "acceptance_distribution", "draft_seconds", "num_forward_steps",
     "num_proposals", "num_draft_tokens", "draft_step_seconds", "plain_step_seconds", "c", "v",
     "E_eq6", "optimizer_seconds", "optimizer_thread_seconds", "optimizer_share",
-    "cost_model_steps", "cost_model_drafting_steps", "drafting_fraction", "itl_sum", "itl_count",
-    "ttft_sum", "ttft_count", "decode_time_sum", "decode_time_count", "parity", "peak_rss_gib",
+    "cost_model_steps", "cost_model_drafting_steps", "drafting_fraction", "mean_draft_length",
+    "itl_sum", "itl_count", "ttft_sum", "ttft_count", "decode_time_sum", "decode_time_count",
+    "parity", "peak_rss_gib",
 )
 
 
@@ -89,8 +91,8 @@ def _parity_cell(r: dict) -> str:
 
 def overall_table(rows: list[dict], workload: str, names: list[str]) -> str:
     out = ["| config | tok/s | speedup | 95% interval | TPOT speedup | M | alpha | c | v | "
-           "E (Eq. 6) | drafting | optimizer | peak RSS GiB | parity |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+           "E (Eq. 6) | drafting | mean k | optimizer | peak RSS GiB | parity |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
     by_name = {r["config"]: r for r in rows if r["workload"] == workload and r["category"] == ALL}
     for name in names:
         r = by_name.get(name)
@@ -100,6 +102,7 @@ def overall_table(rows: list[dict], workload: str, names: list[str]) -> str:
             f"| {name} | {fmt(r['tokens_per_second'], '.1f')} | {fmt(r['speedup'])} | "
             f"{interval(r)} | {fmt(r['tpot_speedup'])} | {fmt(r['M'])} | {fmt(r['alpha'])} | {fmt(r['c'], '.3f')} | {fmt(r['v'])} | "
             f"{fmt(r['E_eq6'])} | {fmt(r['drafting_fraction'], '.0%')} | "
+            f"{fmt(r.get('mean_draft_length'), '.1f')} | "
             f"{fmt(r['optimizer_share'], '.0%')} | {fmt(r['peak_rss_gib'], '.2f')} | "
             f"{_parity_cell(r)} |")
     return "\n".join(out)
@@ -268,6 +271,7 @@ def markdown(args, info, workloads, configs, rows, skipped, failed, final_stats,
         "c = draft step / plain decode step (plain's mean inter-token latency); v = non-draft "
         "time per engine step / plain decode step (batch 1); E = SWIFT Eq. 6 from M, alpha, c "
         "(assumes v = 1); drafting = share of engine steps the cost model drafted in; "
+        "mean k = the draft length it chose in those steps; "
         "optimizer = share of wall time the skip-set optimizer ran on the engine thread "
         "(SWIFT scoring, CLaSp DP); peak RSS = sum of VmHWM of the engine's processes "
         "(KV cache included, the same size for every engine); parity = greedy token ids "
