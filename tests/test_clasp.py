@@ -147,7 +147,8 @@ def requests(num, step):
 
 
 def test_search_schedule_batch_objective_and_turns():
-    opts = ClaspOptions(num_skip_layers=2, layer_optimization_interval=3, max_dp_requests=2)
+    opts = ClaspOptions(num_skip_layers=2, max_optimizer_share=1.0, layer_optimization_interval=3,
+                        max_dp_requests=2)
     search, engine = ClaspSearch(opts, NUM_LAYERS), FakeEngine()
     assert search.skipped == (2, 4)  # even spread until the first DP run
     for step in range(9):
@@ -198,7 +199,8 @@ def test_background_thread_does_not_keep_the_search_alive():
 
 
 def test_dp_waits_while_drafting_is_off():
-    search, engine = ClaspSearch(ClaspOptions(num_skip_layers=2, layer_optimization_interval=2),
+    search, engine = ClaspSearch(ClaspOptions(num_skip_layers=2, max_optimizer_share=1.0,
+                                              layer_optimization_interval=2),
                                  NUM_LAYERS), FakeEngine()
     drafting = [True, False, False, False, True, True, False, True]
     for step, on in enumerate(drafting):
@@ -209,11 +211,38 @@ def test_dp_waits_while_drafting_is_off():
     assert (s["dp_runs"], s["dp_deferred"]) == (3, 3), s
 
 
+def test_dp_time_is_capped_by_the_optimizer_share(monkeypatch):
+    # Fake clock: an engine step takes 0.1 s and a DP run 0.5 s. The DP is due
+    # every step; a 10% share allows about one run per 0.5 / 0.1 / 0.1 = 50 steps
+    # once the first (which may overdraw) is repaid.
+    from vllm_layerskip.proposers import clasp as clasp_module
+
+    clock = [0.0]
+    monkeypatch.setattr(clasp_module.time, "perf_counter", lambda: clock[0])
+
+    class SlowEngine(FakeEngine):
+        def run_layer(self, *args):
+            clock[0] += 0.5 / NUM_LAYERS
+            return super().run_layer(*args)
+
+    search, engine = ClaspSearch(ClaspOptions(num_skip_layers=2, max_optimizer_share=0.1,
+                                              layer_optimization_interval=1),
+                                 NUM_LAYERS), SlowEngine()
+    for step in range(200):
+        clock[0] += 0.1
+        search.step(FakeRunner(), engine, requests(1, step % 50))
+    s = search.summary()
+    assert 4 <= s["dp_runs"] <= 5, s  # 20 s of steps: 2 s of DP at 10%, +1 overdrawing run
+    assert s["dp_budget_skips"] == 200 - s["dp_runs"], s
+    assert s["dp_seconds"] == pytest.approx(0.5 * s["dp_runs"])
+
+
 @pytest.mark.parametrize("fault,runs,stopped", [("clasp.dp@2", 3, False), ("clasp.dp", 0, True)])
 def test_dp_failures_keep_the_last_good_mask(monkeypatch, fault, runs, stopped):
     monkeypatch.setenv(ENV_VAR, fault)
     monkeypatch.setattr("vllm_layerskip.faults._calls", Counter())
-    search, engine = ClaspSearch(ClaspOptions(num_skip_layers=2, layer_optimization_interval=1),
+    search, engine = ClaspSearch(ClaspOptions(num_skip_layers=2, max_optimizer_share=1.0,
+                                              layer_optimization_interval=1),
                                  NUM_LAYERS), FakeEngine()
     initial = search.mask
     for step in range(4):
@@ -282,7 +311,7 @@ def _dp_checks(worker):
 def test_dp_against_exhaustive_search_on_engine_layers(tiny_model_dir):
     path = tiny_model_dir("llama", num_layers=6, out_proj_std=0.03)
     config = {"method": "clasp", "num_speculative_tokens": 2, "num_skip_layers": 3,
-              "layer_optimization_interval": 1, "adaptive_draft_length": False}
+              "layer_optimization_interval": 1, "max_optimizer_share": 1.0, "adaptive_draft_length": False}
     llm = make_llm(path, in_process=True, speculative_config=config, max_model_len=256)
     try:
         llm.collective_rpc(_install_exhaustive_check)
@@ -311,7 +340,8 @@ def test_dp_against_exhaustive_search_on_engine_layers(tiny_model_dir):
 NUM_SKIP = 8
 FIXED = {"num_speculative_tokens": 4, "adaptive_draft_length": False,
          "draft_confidence_threshold": 0.0}
-CLASP = {"method": "clasp", "num_skip_layers": NUM_SKIP, "layer_optimization_interval": 1, **FIXED}
+CLASP = {"method": "clasp", "num_skip_layers": NUM_SKIP, "layer_optimization_interval": 1,
+         "max_optimizer_share": 1.0, **FIXED}
 MAX_TOKENS = 48
 
 

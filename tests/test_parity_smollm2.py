@@ -72,7 +72,7 @@ CONFIGS = {
     "self_sd-K8-shipped": {"method": "self_sd", "profile": "shipped", "num_speculative_tokens": 8,
                            **FIXED},
     # SWIFT with the cost model on; a much larger optimizer share than the
-    # default (0.03), so that masks surely switch within this short run: at 0.1
+    # default (0.01), so that masks surely switch within this short run: at 0.1
     # only 10-12 random candidates were scored and 1 run in 3 found none better
     # than the initial set.
     "swift-K6-adaptive": {"method": "swift", "num_speculative_tokens": 6, "context_window": 8,

@@ -141,7 +141,7 @@ def test_swift_followers_take_rank0_state_file(tmp_path):
 def test_clasp_ranks_adopt_rank0_dp_result():
     """If rounding made the ranks' DP pick different sets (or fail on one rank),
     every rank still adopts rank 0's outcome."""
-    options = ClaspOptions(num_skip_layers=2, layer_optimization_interval=2)
+    options = ClaspOptions(num_skip_layers=2, max_optimizer_share=1.0, layer_optimization_interval=2)
     picks = {0: [DPResult((1, 2), 0.9), None, DPResult((3, 4), 0.8)],
              1: [DPResult((2, 3), 0.9), DPResult((4, 5), 0.8), None]}
 
@@ -232,7 +232,8 @@ METHODS = {
               "max_score_tokens": 24, "patience": 1000, "target_matchness": 1.0,
               "draft_confidence_threshold": 0.0},
     "clasp": {"adaptive_draft_length": False, "num_skip_layers": 2,
-              "layer_optimization_interval": 2, "draft_confidence_threshold": 0.0},
+              "layer_optimization_interval": 2, "max_optimizer_share": 1.0,
+              "draft_confidence_threshold": 0.0},
     "self_sd": {"adaptive_draft_length": False},  # + the profile written below
     # + identity heads written below; the exit decision reads only logits.
     "adadecode": {"adaptive_draft_length": False, "threshold": 0.6},

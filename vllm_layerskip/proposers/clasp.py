@@ -69,6 +69,7 @@ from vllm_layerskip.draft_engine import DraftRequests, DraftResult
 from vllm_layerskip.faults import maybe_fail
 from vllm_layerskip.layer_dp import DPResult, clasp_dp
 from vllm_layerskip.model_gate import ModelGate
+from vllm_layerskip.optimizer_budget import OptimizerBudget
 from vllm_layerskip.options import ClaspOptions, SkipMask
 from vllm_layerskip.proposers.base import LayerSkipProposerBase
 from vllm_layerskip.rank_agreement import SingleRank
@@ -161,6 +162,11 @@ class ClaspSearch:
         self.failures = self.consecutive_failures = 0
         self.dp_runs = self.dp_requests = self.mask_changes = 0
         self.dp_seconds = 0.0
+        # max_optimizer_share: engine-thread DP runs and the background thread's
+        # layer calls are charged here; a due run waits while it is overdrawn.
+        self.budget = OptimizerBudget(options.max_optimizer_share)
+        self.charged_compute = 0.0  # background layer-call seconds already charged
+        self.budget_skips = 0
         self.score_sum = 0.0
         self.last_score: float | None = None
         self.jaccard_sum = 0.0  # similarity of consecutive skip sets (paper Fig. 3a)
@@ -173,6 +179,10 @@ class ClaspSearch:
 
     def step(self, runner, engine, requests: DraftRequests, drafting: bool = True) -> None:
         self.steps += 1
+        self.budget.step(time.perf_counter())
+        compute = self.dp_compute_seconds  # written by the background thread
+        self.budget.charge(compute - self.charged_compute)
+        self.charged_compute = compute
         if self.updater is not None:
             # The step boundary: a run that finished since the last step swaps
             # its mask in now, before this step's draft, which then uses it.
@@ -185,6 +195,10 @@ class ClaspSearch:
         if not drafting:
             self.deferred += 1
             return
+        # Time is rank-local: rank 0 decides whether the budget allows a run now.
+        if not self.agreement.share(self.budget.allows()):
+            self.budget_skips += 1  # due again next step
+            return
         if self.updater is not None and self._launch_background(runner, engine, requests, picked):
             return
         self.next_dp_step = self.steps + self.options.layer_optimization_interval
@@ -195,7 +209,9 @@ class ClaspSearch:
         except Exception as e:  # noqa: BLE001 - a DP failure must not stop serving
             result, error = None, e
         finally:
-            self.dp_seconds += time.perf_counter() - start
+            elapsed = time.perf_counter() - start
+            self.dp_seconds += elapsed
+            self.budget.charge(elapsed)
         result = self.agreement.share(result)  # rank 0's; None if it failed there
         if result is None:
             self._failed(error or RuntimeError("the DP run failed on tensor-parallel rank 0"))
@@ -260,7 +276,9 @@ class ClaspSearch:
             self._failed(e, f"snapshot at step {self.steps}")
             return True
         finally:
-            self.snapshot_seconds += time.perf_counter() - start
+            elapsed = time.perf_counter() - start
+            self.snapshot_seconds += elapsed
+            self.budget.charge(elapsed)
         self.snapshot_bytes = snapshot.num_bytes
         self.in_flight = (self.steps, picked.size)
         self.updater.submit(snapshot)
@@ -336,6 +354,7 @@ class ClaspSearch:
             "steps": self.steps,
             "dp_runs": runs,
             "dp_deferred": self.deferred,
+            "dp_budget_skips": self.budget_skips,
             "dp_requests": self.dp_requests,
             "dp_seconds": self.dp_seconds,
             "dp_seconds_per_run": self.dp_seconds / runs if runs else None,

@@ -61,6 +61,7 @@ import numpy as np
 from vllm_layerskip.draft_engine import DraftRequests, DraftResult, ScoreWindows
 from vllm_layerskip.faults import maybe_delay, maybe_fail
 from vllm_layerskip.model_adapter import model_identity
+from vllm_layerskip.optimizer_budget import OptimizerBudget
 from vllm_layerskip.options import SwiftOptions
 from vllm_layerskip.proposers.base import LayerSkipProposerBase
 from vllm_layerskip.rank_agreement import SingleRank
@@ -71,13 +72,6 @@ logger = logging.getLogger("vllm.layerskip")
 
 # Acceptance needs this many verified draft tokens before it decides anything.
 MIN_ACCEPTANCE_TOKENS = 64
-# Gaps between steps longer than this are idle time, not engine work.
-MAX_STEP_GAP_S = 1.0
-# Most scoring time the optimizer may have saved up (token bucket): a budget
-# counted over the whole run would let time saved while scoring was impossible
-# (e.g. batch-1 traffic with short windows) be spent all at once later, making a
-# burst of steps far slower than plain decoding.
-MAX_SCORE_CREDIT_S = 0.5
 # Scoring passes that may fail before optimization is given up.
 MAX_SCORE_FAILURES = 3
 SAVE_INTERVAL_S = 5.0
@@ -145,15 +139,14 @@ class SwiftSearch:
         self.score_passes = 0
         self.score_tokens = 0
         self.score_seconds = 0.0
-        self.score_credit = 0.0  # seconds of scoring the share cap allows now
+        # max_optimizer_share: scoring passes and the thread's CPU time are charged here.
+        self.budget = OptimizerBudget(options.max_optimizer_share)
         self.score_failures = 0
         self.window_rotation = 0
         self.phase_drafted = self.phase_accepted = 0
         self.baseline_acceptance: float | None = None
         self.recent = deque()  # (drafted, accepted) of the last verify steps
         self.last_save = 0.0
-        self.busy_seconds = 0.0  # engine time while this search was active
-        self.last_step_time: float | None = None
         self.budget_skips = 0
         self.charged_worker_cpu = 0.0  # optimizer-thread CPU seconds already charged
         self.mask_log: list[tuple[int, Coords]] = []  # (decode step, set) of each switch
@@ -178,21 +171,14 @@ class SwiftSearch:
 
     def step(self, runner, engine, requests: DraftRequests) -> None:
         self.decode_steps += 1
-        now = time.perf_counter()
-        if self.last_step_time is not None:
-            busy = min(now - self.last_step_time, MAX_STEP_GAP_S)
-            self.busy_seconds += busy
-            self.score_credit = min(
-                self.score_credit + self.options.max_optimizer_share * busy, MAX_SCORE_CREDIT_S
-            )
+        self.budget.step(time.perf_counter())
         # The thread's CPU time counts against the same share: on a machine
         # whose cores the engine keeps busy, every second it computes is taken
         # from decoding (measured: swift at 0.85x plain at batch 1 with a 0.1
         # cap on scoring alone).
         worker_cpu = self.worker.cpu_seconds
-        self.score_credit -= worker_cpu - self.charged_worker_cpu
+        self.budget.charge(worker_cpu - self.charged_worker_cpu)
         self.charged_worker_cpu = worker_cpu
-        self.last_step_time = now
         if self.phase not in ("accumulating", "optimizing"):
             return
         if self.decode_steps % self.options.optimize_interval:
@@ -239,8 +225,7 @@ class SwiftSearch:
         """Rank 0's rank-local decision for a due optimization step."""
         if self.worker.error is not None:
             return ("failed", self.worker.error)
-        # A pass may overdraw the credit; the next one waits until it is repaid.
-        if self.options.max_optimizer_share < 1.0 and self.score_credit < 0:
+        if not self.budget.allows():
             return ("over budget",)
         candidate = self.worker.take()
         return ("wait",) if candidate is None else ("score", candidate)
@@ -271,7 +256,7 @@ class SwiftSearch:
         self.score_tokens += len(observed) * windows.num_tokens
         elapsed = time.perf_counter() - start
         self.score_seconds += elapsed
-        self.score_credit -= elapsed
+        self.budget.charge(elapsed)
         for coords, s in observed:
             if coords == self.initial:
                 self.initial_matchness.append(s)
@@ -485,7 +470,7 @@ class SwiftSearch:
             "score_passes": self.score_passes,
             "score_tokens": self.score_tokens,
             "score_seconds": self.score_seconds,
-            "busy_seconds": self.busy_seconds,
+            "busy_seconds": self.budget.busy_seconds,
             "budget_skips": self.budget_skips,
             "worker_seconds": self.worker.busy_seconds,
             "worker_cpu_seconds": self.worker.cpu_seconds,

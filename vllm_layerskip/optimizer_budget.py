@@ -1,0 +1,45 @@
+"""How much decoding time an online skip-set optimizer may take (SWIFT's
+candidate scoring and Bayesian optimization, CLaSp's DP).
+
+Both run on the cores that decode, so every second they compute is taken from
+decoding. The budget is a share of the engine's busy time, kept as a token
+bucket: each engine step adds `share` of the time since the last step, the
+optimizer's work is charged when it is done (a run may overdraw; the next one
+waits until it is repaid), and at most `max_credit` seconds can be saved up, so
+time unused while optimizing was impossible (no text to score, drafting off)
+is not spent later in one burst of slow steps.
+
+Callers pass times in, so their own clocks (and tests' fake ones) decide.
+"""
+
+from __future__ import annotations
+
+# Gaps between steps longer than this are idle time, not engine work.
+MAX_STEP_GAP_S = 1.0
+MAX_CREDIT_S = 0.5
+
+
+class OptimizerBudget:
+    def __init__(self, share: float, max_credit: float = MAX_CREDIT_S):
+        self.share = share  # (0, 1]; 1: no cap
+        self.max_credit = max_credit
+        self.credit = 0.0  # seconds of optimizer work the cap allows now
+        self.busy_seconds = 0.0  # engine time counted so far
+        self.spent_seconds = 0.0  # optimizer time charged so far
+        self._last_step: float | None = None
+
+    def step(self, now: float) -> None:
+        """Once per engine step, with the caller's clock."""
+        if self._last_step is not None:
+            busy = min(now - self._last_step, MAX_STEP_GAP_S)
+            self.busy_seconds += busy
+            self.credit = min(self.credit + self.share * busy, self.max_credit)
+        self._last_step = now
+
+    def charge(self, seconds: float) -> None:
+        self.credit -= seconds
+        self.spent_seconds += seconds
+
+    def allows(self) -> bool:
+        """Whether a due optimizer run may go ahead now."""
+        return self.share >= 1.0 or self.credit >= 0
