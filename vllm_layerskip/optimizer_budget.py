@@ -16,6 +16,7 @@ from __future__ import annotations
 
 # Gaps between steps longer than this are idle time, not engine work.
 MAX_STEP_GAP_S = 1.0
+# Most optimizer time that can be saved up (see above).
 MAX_CREDIT_S = 0.5
 
 
@@ -25,7 +26,6 @@ class OptimizerBudget:
         self.max_credit = max_credit
         self.credit = 0.0  # seconds of optimizer work the cap allows now
         self.busy_seconds = 0.0  # engine time counted so far
-        self.spent_seconds = 0.0  # optimizer time charged so far
         self._last_step: float | None = None
 
     def step(self, now: float) -> None:
@@ -38,7 +38,6 @@ class OptimizerBudget:
 
     def charge(self, seconds: float) -> None:
         self.credit -= seconds
-        self.spent_seconds += seconds
 
     def allows(self) -> bool:
         """Whether a due optimizer run may go ahead now."""

@@ -40,7 +40,8 @@ metadata, KV slot mappings) from a process-global that the engine's own
 forward sets; run concurrently, either forward could see the other's context.
 The DP also reads the requests' KV blocks, which the engine frees and reuses
 as requests finish. So it runs synchronously in `before_draft`, every N steps
-(put off while the cost model keeps drafting off).
+(put off while the cost model keeps drafting off, and while the runs so far
+have used up `max_optimizer_share` of the engine's time: optimizer_budget.py).
 
 A failing DP run is logged; drafting goes on with the last good mask. After
 MAX_CONSECUTIVE_FAILURES failures in a row the DP is stopped for good.
