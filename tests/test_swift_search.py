@@ -226,16 +226,16 @@ class _FakeClockRun:
 
 def test_optimizer_share_cap_allows_no_burst_of_saved_up_time(monkeypatch):
     """A long accumulation phase (127 steps, 12.7 s) must not leave the optimizer
-    a budget it can spend on every step afterwards: at most MAX_CREDIT_S of
+    a budget it can spend on every step afterwards: at most SHARE * CREDIT_WINDOW_S of
     saved-up time, then about `share` of the steps."""
-    from vllm_layerskip.optimizer_budget import MAX_CREDIT_S
+    from vllm_layerskip.optimizer_budget import CREDIT_WINDOW_S
 
     run, steps = _FakeClockRun(monkeypatch), 40
     run.steps(127)
     assert run.search.phase == "accumulating" and run.engine.calls == 0
     run.steps(steps)
     assert run.search.phase == "optimizing"
-    allowed = (MAX_CREDIT_S + SHARE * steps * STEP_S) / SCORE_S + 1
+    allowed = SHARE * (CREDIT_WINDOW_S + steps * STEP_S) / SCORE_S + 1
     assert 1 <= run.engine.calls <= allowed, (run.engine.calls, allowed)
     assert run.search.budget_skips > 0
 
@@ -245,7 +245,7 @@ def test_optimizer_thread_cpu_time_counts_against_the_share(monkeypatch):
     time (fake thread clock). That time is taken from decoding as much as a
     scoring pass is, so a candidate now costs ~0.2 s of the budget instead of
     0.1 s: fewer scoring passes fit (measured: 7, against 10 without the charge)."""
-    from vllm_layerskip.optimizer_budget import MAX_CREDIT_S
+    from vllm_layerskip.optimizer_budget import CREDIT_WINDOW_S
     from vllm_layerskip.proposers import swift as swift_module
 
     thread_clock = [0.0]
@@ -258,7 +258,7 @@ def test_optimizer_thread_cpu_time_counts_against_the_share(monkeypatch):
     run, steps = _FakeClockRun(monkeypatch), 40
     run.steps(127 + steps)
     assert run.search.phase == "optimizing"
-    budget = MAX_CREDIT_S + SHARE * steps * STEP_S  # 0.9 s
+    budget = SHARE * (CREDIT_WINDOW_S + steps * STEP_S)  # 0.9 s
     # 0.2 s per candidate; +3: the incumbent's re-scoring, one overdrawing pass,
     # and the thread's last jobs, charged a step later. Without the charge: 10.
     calls = run.engine.calls
