@@ -65,6 +65,16 @@ def test_all_categories_resample_within_each_category():
     assert low == pytest.approx(sum(plain) / sum(method))  # equal tokens: a ratio of times
 
 
+def test_one_question_per_category_is_not_called_exact():
+    # With a single question in each category, resampling within categories has
+    # nothing to draw from; the ALL interval must still show the spread.
+    cats = ["writing", "rag", "qa", "math"]
+    got = speedup_intervals(turns_for([4.0, 4.0, 4.0, 4.0], [4.0, 5.0, 3.6, 4.4],
+                                      categories=cats))
+    low, high = got[(WORKLOAD, ALL, "method")]
+    assert high - low > 0.05
+
+
 def test_no_interval_from_one_question_and_none_for_plain():
     got = speedup_intervals(turns_for([4.0], [4.1]))
     assert (WORKLOAD, "writing", "method") not in got

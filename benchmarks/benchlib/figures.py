@@ -117,8 +117,9 @@ def speedup_intervals(turns: list[dict], level: float = 0.95, reps: int = 4000,
     The unit is a block (a question at batch 1, a batch in concurrent mode): a
     configuration and plain ran it back to back, so the pair shares the machine's
     state. Blocks are resampled with replacement within each category (the ALL
-    interval keeps every category's share), and each resample's speedup is a
-    ratio of sums, as the point figure is. Needs two blocks or more."""
+    interval keeps every category's share; with one block in some category, all
+    blocks together), and each resample's speedup is a ratio of sums, as the
+    point figure is. Needs two blocks or more."""
     plain = {(t["group"], t["workload"], t["block"]): t for t in turns if t["family"] == "plain"}
     pairs: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for t in turns:
@@ -133,8 +134,13 @@ def speedup_intervals(turns: list[dict], level: float = 0.95, reps: int = 4000,
     for key, by_cat in pairs.items():
         if sum(len(v) for v in by_cat.values()) < 2:
             continue
+        strata = list(by_cat.values())
+        if min(len(rows) for rows in strata) < 2:
+            # A category with one block has no spread to resample: within-category
+            # resampling would call its figure exact. Resample all blocks together.
+            strata = [[pair for rows in strata for pair in rows]]
         sums = np.zeros((reps, 4))
-        for rows in by_cat.values():
+        for rows in strata:
             arr = np.asarray(rows, dtype=float)
             pick = rng.integers(0, len(arr), size=(reps, len(arr)))
             sums += arr[pick].sum(axis=1)
