@@ -340,10 +340,18 @@ def plots(base: str, rows: list[dict], workloads, names: list[str], cats: list[s
     for ax, w in zip(axes[:, 0], latency):
         xs = cats + [ALL]
         for i, name in enumerate(spec_names):
-            vals = [(index.get((w.label, c, name)) or {}).get("speedup") or np.nan for c in xs]
-            ax.bar(np.arange(len(xs)) + (i - (len(spec_names) - 1) / 2) * width, vals, width, label=name)
+            cells = [index.get((w.label, c, name)) or {} for c in xs]
+            vals = np.array([r.get("speedup") or np.nan for r in cells])
+            # The 95% interval as an error bar (none where there is no interval).
+            low = np.array([r.get("speedup_low") or np.nan for r in cells])
+            high = np.array([r.get("speedup_high") or np.nan for r in cells])
+            err = np.nan_to_num(np.clip([vals - low, high - vals], 0, None))
+            ax.bar(np.arange(len(xs)) + (i - (len(spec_names) - 1) / 2) * width, vals, width,
+                   yerr=err, error_kw={"elinewidth": 0.7, "capsize": 1.5}, label=name)
+        ax.axhline(SPEEDUP_FLOOR, color="red", linestyle="--", linewidth=0.8)
         ax.set_xticks(np.arange(len(xs)), xs, rotation=30, ha="right")
-        ax.set_title(f"{w.label}: speedup over plain decoding (measured)")
+        ax.set_title(f"{w.label}: speedup over plain decoding (measured; bars: 95% interval, "
+                     f"dashed: {SPEEDUP_FLOOR:g}x floor)")
     if concurrent:
         ax = axes[-1, 0]
         xs = [w.label for w in concurrent]
