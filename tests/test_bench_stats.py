@@ -93,8 +93,8 @@ def test_batch1_blocks_are_one_call_each_question_major():
 
 def test_floor_check_names_categories_clearly_below():
     def row(config, cat, speedup, low, high):
-        return {"workload": WORKLOAD, "config": config, "category": cat, "speedup": speedup,
-                "speedup_low": low, "speedup_high": high}
+        return {"workload": WORKLOAD, "config": config, "category": cat, "group": 0,
+                "speedup": speedup, "speedup_low": low, "speedup_high": high}
 
     rows = [row("method", "writing", 1.01, 0.97, 1.05), row("method", "rag", 0.90, 0.86, 0.93),
             row("method", "qa", 0.96, 0.93, 0.99), row("plain", "writing", 1.0, None, None)]

@@ -93,9 +93,14 @@ def aggregate(turns: list[dict]) -> dict:
     return sums
 
 
+def plain_turns(turns: list[dict]) -> dict[tuple, dict]:
+    """(group, workload, block) -> plain decoding's turn on that block."""
+    return {(t["group"], t["workload"], t["block"]): t for t in turns if t["family"] == "plain"}
+
+
 def check_parity(turns: list[dict]) -> None:
     """Greedy turns: token ids equal to plain's on the same prompts (same group)?"""
-    plain = {(t["group"], t["workload"], t["block"]): t for t in turns if t["family"] == "plain"}
+    plain = plain_turns(turns)
     for t in turns:
         ref = plain.get((t["group"], t["workload"], t["block"]))
         if t["temperature"] != 0 or t["family"] == "plain" or ref is None:
@@ -120,7 +125,7 @@ def speedup_intervals(turns: list[dict], level: float = 0.95, reps: int = 4000,
     interval keeps every category's share; with one block in some category, all
     blocks together), and each resample's speedup is a ratio of sums, as the
     point figure is. Needs two blocks or more."""
-    plain = {(t["group"], t["workload"], t["block"]): t for t in turns if t["family"] == "plain"}
+    plain = plain_turns(turns)
     pairs: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for t in turns:
         ref = plain.get((t["group"], t["workload"], t["block"]))

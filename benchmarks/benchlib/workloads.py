@@ -1,24 +1,25 @@
 """Workloads and the interleaved schedule.
 
 Latency mode (concurrency 1): per Spec-Bench category, its questions one request
-at a time (or `--batch-size` per call), one block per call. Concurrent mode (concurrency N): N
-requests submitted at once, which vLLM's scheduler batches; prompts are drawn
-round-robin across categories (the first question of every category, then the
-second, ...), so one batch mixes short QA prompts with long RAG and
-summarization ones as a server would. Figures in concurrent mode are per batch,
-not per category: requests of different categories share every engine step, so
-their time cannot be split (and categories with 10 questions cannot fill a batch
-of 32 alone).
+at a time (or `--batch-size` per call), one block per call. Concurrent mode
+(concurrency N): N requests submitted at once, which vLLM's scheduler batches;
+prompts are drawn round-robin across categories (the first question of every
+category, then the second, ...), so one batch mixes short QA prompts with long
+RAG and summarization ones as a server would. Figures in concurrent mode are per
+batch, not per category: requests of different categories share every engine
+step, so their time cannot be split (and categories with 10 questions cannot
+fill a batch of 32 alone).
 
 Schedule: the unit is a turn = (workload, block, configuration), a block being
-one generate call's questions of a category (latency) or one batch (concurrent). Within a block every
-configuration runs the same prompts back to back, so slow drift of the machine
-hits all of them alike. The order within a block follows a Williams Latin square:
-over n blocks (2n for an odd number n of configurations) each configuration runs
-in every position equally often and right after every other configuration
-equally often, so neither a position (first after a switch of workload) nor a
-neighbour (e.g. one whose background optimizer thread is still finishing)
-favours one configuration. A plain rotation would keep the neighbours fixed.
+one generate call's questions of a category (latency) or one batch (concurrent).
+Within a block every configuration runs the same prompts back to back, so slow
+drift of the machine hits all of them alike. The order within a block follows a
+Williams Latin square: over n blocks (2n for an odd number n of configurations)
+each configuration runs in every position equally often and right after every
+other configuration equally often, so neither a position (first after a switch
+of workload) nor a neighbour (e.g. one whose background optimizer thread is
+still finishing) favours one configuration. A plain rotation would keep the
+neighbours fixed.
 """
 
 from __future__ import annotations
