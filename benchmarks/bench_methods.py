@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib.configs import (DEFAULT_METHODS, METHODS, build_configs, engine_groups,  # noqa: E402
                               model_config)
 from benchlib.workloads import (Workload, categories_in_order, concurrent_blocks,  # noqa: E402
-                                latency_blocks, load_questions, schedule)
+                                latency_blocks, load_questions, schedule, warmup_questions)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IOMP_PATH = os.path.join(ROOT, ".venv", "lib", "libiomp5.so")
@@ -145,7 +145,7 @@ def start_engines(group, g: int, args, model: str, failed: dict, started: list, 
 
 # ---- the run -----------------------------------------------------------------------
 
-def run_group(engines, g: int, workloads, prompts, args, turns, failed, bar) -> None:
+def run_group(engines, g: int, workloads, prompts, warmup, args, turns, failed, bar) -> None:
     from vllm import SamplingParams
 
     by_name = {e.name: e for e in engines}
@@ -160,9 +160,14 @@ def run_group(engines, g: int, workloads, prompts, args, turns, failed, bar) -> 
         texts = [prompts[i] for i in block.questions]
         try:
             if (workload, name) not in warmed:
-                # Untimed: first calls at a new batch size or temperature allocate.
-                engine.generate(texts[:workload.concurrency],
-                                SamplingParams(temperature=workload.temperature, max_tokens=8))
+                # Untimed, full length, on questions outside the timed set: an engine's
+                # first calls at a new batch size or temperature allocate, and its first
+                # long generation ran slow for any engine (plain's A/A control at 0.81x
+                # on the first question of a run, 2026-11-24), which a short warm-up
+                # did not absorb.
+                engine.generate([prompts[i] for i in warmup[:workload.concurrency]],
+                                SamplingParams(temperature=workload.temperature,
+                                               max_tokens=args.max_tokens))
                 warmed.add((workload, name))
             turn = engine.generate(
                 texts, SamplingParams(temperature=workload.temperature, max_tokens=args.max_tokens),
@@ -229,6 +234,7 @@ def main() -> None:
           flush=True)
 
     turns, failed, engines_info, final_stats, prompts, started = [], {}, {}, {}, {}, []
+    warmup: list[int] = []
     total = sum(len(blocks) * len(group) for group in groups for _, blocks in workloads)
     bar = None  # made once the first engines are up, so its rate and ETA are the turns'
     for g, group in enumerate(groups):
@@ -240,10 +246,12 @@ def main() -> None:
             if not prompts:
                 from vllm_layerskip.measure import chat_prompts
 
-                used = sorted({i for _, blocks in workloads for b in blocks for i in b.questions})
+                timed = {i for _, blocks in workloads for b in blocks for i in b.questions}
+                warmup = warmup_questions(questions, timed, max(w.concurrency for w, _ in workloads))
+                used = sorted(timed | set(warmup))
                 texts = chat_prompts(engines[0].llm, [questions[i]["prompt"] for i in used])
                 prompts = dict(zip(used, texts))
-            run_group(engines, g, workloads, prompts, args, turns, failed, bar)
+            run_group(engines, g, workloads, prompts, warmup, args, turns, failed, bar)
         finally:
             for e in engines:
                 engines_info[(g, e.name)] = {"startup_seconds": e.startup_seconds,

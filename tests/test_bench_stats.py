@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "ben
 
 from benchlib.figures import ALL, speedup_intervals  # noqa: E402
 from benchlib.report import floor_check  # noqa: E402
-from benchlib.workloads import latency_blocks  # noqa: E402
+from benchlib.workloads import latency_blocks, warmup_questions  # noqa: E402
 
 WORKLOAD = "batch 1, T=0"
 
@@ -89,6 +89,14 @@ def test_batch1_blocks_are_one_call_each_question_major():
     paired = latency_blocks(questions, per_category=3, batch_size=2)
     assert [(b.category, b.questions) for b in paired] == [("a", [0, 1]), ("b", [3, 4]),
                                                            ("a", [2]), ("b", [5])]
+
+
+def test_warmup_uses_questions_outside_the_timed_set():
+    questions = [{"category": c, "rank": r} for c in ("a", "b") for r in range(3)]
+    timed = {0, 1, 3, 4}
+    assert warmup_questions(questions, timed, 2) == [5, 2]
+    # Too few others: topped up from the timed ones, never repeated.
+    assert warmup_questions(questions, timed, 4) == [5, 2, 0, 1]
 
 
 def test_floor_check_names_categories_clearly_below():

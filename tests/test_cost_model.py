@@ -3,7 +3,9 @@
 import numpy as np
 import pytest
 
-from vllm_layerskip.cost_model import DraftLengthPolicy, LinearCost, PositionAcceptance, expected_tokens
+from vllm_layerskip.cost_model import (
+    PROBE_LENGTH, DraftLengthPolicy, LinearCost, PositionAcceptance, expected_tokens,
+)
 
 
 def test_expected_tokens_follows_the_chain_of_acceptances():
@@ -183,7 +185,7 @@ def test_no_drafting_on_a_guess_while_prompts_are_prefilled():
     assert [policy.choose(58, prefilling=True) for _ in range(10)] == [0] * 10
     # The first plain decode step is timed; drafting (warm-up) starts after it.
     policy.observe_verify(58, 0.2)
-    assert policy.choose(58, prefilling=False) == 4
+    assert policy.choose(58, prefilling=False) == PROBE_LENGTH
     # Once something is measured, steps with prompt chunks are decided as others.
     policy.observe_draft(58, 0.1)
     policy.observe_verify(58 * 5, 0.9)

@@ -132,6 +132,14 @@ class PositionAcceptance:
         return np.array(rates)
 
 
+# Draft length of the first steps and of the probes while drafting is off: the
+# first positions' acceptance decides whether any length pays, and a short draft
+# costs little where none does (a server's first steps under load drafted K for
+# every request). Longer drafts follow once these pay: a position with little
+# data borrows the rate of the one before it (PositionAcceptance.rates).
+PROBE_LENGTH = 2
+
+
 def expected_tokens(rates: np.ndarray, k: int) -> float:
     """Tokens one request gains from a step drafting k tokens (>= 1)."""
     return 1.0 + float(np.cumprod(rates[:k]).sum()) if k > 0 else 1.0
@@ -212,7 +220,7 @@ class DraftLengthPolicy:
             # here; drafting K for every request then delayed every prompt.)
             k = 0
         elif self.steps <= self.warmup_steps or len(self.draft_cost) == 0:
-            k = self.max_k
+            k = min(PROBE_LENGTH, self.max_k)
         else:
             k = self.best_length(num_reqs)
             if k > 0:
@@ -221,9 +229,7 @@ class DraftLengthPolicy:
             else:
                 self.steps_since_probe += 1
                 if self.steps_since_probe >= self.current_probe_interval:
-                    # A short probe: it refreshes the first positions' acceptance,
-                    # which decides whether any draft length can pay.
-                    k = min(2, self.max_k)
+                    k = min(PROBE_LENGTH, self.max_k)
                     self.steps_since_probe = 0
                     self.current_probe_interval = min(
                         2 * self.current_probe_interval, self.max_probe_interval

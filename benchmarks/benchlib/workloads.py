@@ -101,6 +101,14 @@ def concurrent_blocks(questions: list[dict], concurrency: int, rounds: int,
     return [Block("mixed", order[r * concurrency:(r + 1) * concurrency]) for r in range(rounds)]
 
 
+def warmup_questions(questions: list[dict], timed: set[int], n: int) -> list[int]:
+    """n questions for the untimed warm-up: the file's last ones outside the timed
+    set (so no timed prompt is in the prefix cache before its turn), topped up
+    from the timed ones if the file has too few others."""
+    spare = [i for i in reversed(range(len(questions))) if i not in timed]
+    return (spare + sorted(timed))[:n]
+
+
 def williams_orders(n: int) -> list[list[int]]:
     """Orders of n items, balanced for position and for the preceding item:
     first row 0, 1, n-1, 2, n-2, ...; row r adds r (mod n); for odd n the
