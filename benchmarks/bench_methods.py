@@ -160,14 +160,15 @@ def run_group(engines, g: int, workloads, prompts, warmup, args, turns, failed, 
         texts = [prompts[i] for i in block.questions]
         try:
             if (workload, name) not in warmed:
-                # Untimed, full length, on questions outside the timed set: an engine's
-                # first calls at a new batch size or temperature allocate, and its first
-                # long generation ran slow for any engine (plain's A/A control at 0.81x
-                # on the first question of a run, 2026-11-24), which a short warm-up
-                # did not absorb.
+                # Untimed, on questions outside the timed set: an engine's first calls
+                # at a new batch size or temperature allocate. Its first one runs at
+                # full length: the first long generation ran slow for any engine
+                # (plain's A/A control at 0.81x on the first question of a run,
+                # 2026-11-24), which 8 tokens did not absorb.
+                first = not any(n == name for _, n in warmed)
                 engine.generate([prompts[i] for i in warmup[:workload.concurrency]],
                                 SamplingParams(temperature=workload.temperature,
-                                               max_tokens=args.max_tokens))
+                                               max_tokens=args.max_tokens if first else 8))
                 warmed.add((workload, name))
             turn = engine.generate(
                 texts, SamplingParams(temperature=workload.temperature, max_tokens=args.max_tokens),

@@ -92,9 +92,10 @@ def test_batch1_blocks_are_one_call_each_question_major():
 
 
 def test_warmup_uses_questions_outside_the_timed_set():
-    questions = [{"category": c, "rank": r} for c in ("a", "b") for r in range(3)]
+    questions = [{"category": c, "rank": r, "prompt": "x" * (10 - i)}
+                 for i, (c, r) in enumerate((c, r) for c in ("a", "b") for r in range(3))]
     timed = {0, 1, 3, 4}
-    assert warmup_questions(questions, timed, 2) == [5, 2]
+    assert warmup_questions(questions, timed, 2) == [5, 2]  # shortest first
     # Too few others: topped up from the timed ones, never repeated.
     assert warmup_questions(questions, timed, 4) == [5, 2, 0, 1]
 
