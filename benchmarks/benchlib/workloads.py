@@ -103,8 +103,8 @@ def concurrent_blocks(questions: list[dict], concurrency: int, rounds: int,
 
 def warmup_questions(questions: list[dict], timed: set[int], n: int) -> list[int]:
     """n questions for the untimed warm-up: the shortest prompts outside the timed
-    set (no timed prompt is in the prefix cache before its turn, and warming 32
-    engines' worth of RAG prompts took a minute per engine), topped up from the
+    set (no timed prompt is in the prefix cache before its turn, and warming with
+    the file's last 32, RAG prompts, took a minute per engine), topped up from the
     timed ones if the file has too few others."""
     spare = sorted((i for i in range(len(questions)) if i not in timed),
                    key=lambda i: (len(questions[i]["prompt"]), i))
