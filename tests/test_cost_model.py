@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from vllm_layerskip.cost_model import (
-    PROBE_LENGTH, DraftLengthPolicy, LinearCost, PositionAcceptance, expected_tokens,
+    PROBE_LENGTH, PROBE_ROWS, DraftLengthPolicy, LinearCost, PositionAcceptance, expected_tokens,
 )
 
 
@@ -66,16 +66,16 @@ def simulate(policy, steps, verify, draft, rates, num_reqs=1, rng=None):
     rng = rng or np.random.default_rng(0)
     chosen = []
     for _ in range(steps):
-        k = policy.choose(num_reqs)
+        k, rows = policy.choose(num_reqs)
         chosen.append(k)
         if k:
-            policy.observe_draft(num_reqs, draft(num_reqs))
-            for _ in range(num_reqs):
+            policy.observe_draft(rows, draft(rows))
+            for _ in range(rows):
                 accepted = 0
                 while accepted < k and rng.random() < rates[accepted]:
                     accepted += 1
                 policy.observe_acceptance(k, accepted)
-        policy.observe_verify(num_reqs * (1 + k), verify(num_reqs * (1 + k)))
+        policy.observe_verify(num_reqs + rows * k, verify(num_reqs + rows * k))
     return chosen
 
 
@@ -88,12 +88,12 @@ def realized_throughput(steps, verify, draft, rates, num_reqs=1, fixed_k=None, n
     policy = DraftLengthPolicy(max_k=len(rates)) if fixed_k is None else None
     tokens = seconds = 0.0
     for _ in range(steps):
-        k = policy.choose(num_reqs) if policy else fixed_k
-        draft_seconds = draft(num_reqs) * float(np.exp(rng.normal(0, noise))) if k else 0.0
-        verify_seconds = verify(num_reqs * (1 + k)) * float(np.exp(rng.normal(0, noise)))
+        k, rows = policy.choose(num_reqs) if policy else (fixed_k, num_reqs)
+        draft_seconds = draft(rows) * float(np.exp(rng.normal(0, noise))) if k else 0.0
+        verify_seconds = verify(num_reqs + rows * k) * float(np.exp(rng.normal(0, noise)))
         seconds += k * draft_seconds + verify_seconds
         tokens += num_reqs
-        for _ in range(num_reqs if k else 0):
+        for _ in range(rows if k else 0):
             accepted = 0
             while accepted < k and rng.random() < rates[accepted]:
                 accepted += 1
@@ -102,8 +102,8 @@ def realized_throughput(steps, verify, draft, rates, num_reqs=1, fixed_k=None, n
                 policy.observe_acceptance(k, accepted)
         if policy:
             if k:
-                policy.observe_draft(num_reqs, draft_seconds)
-            policy.observe_verify(num_reqs * (1 + k), verify_seconds)
+                policy.observe_draft(rows, draft_seconds)
+            policy.observe_verify(num_reqs + rows * k, verify_seconds)
     return tokens / seconds
 
 
@@ -117,6 +117,10 @@ COST_REGIMES = {
     # Verification no longer free under batch load: a short draft is best.
     "loaded batch 16": (lambda n: 0.030 + 0.0012 * n, lambda b: 0.008 + 0.0002 * b,
                         [0.8, 0.6, 0.5, 0.4], 16),
+    # A GPU serving 64 requests: the verify pass grows with tokens but drafting
+    # still pays; probes draft for a few requests, decisions for all of them.
+    "gpu batch 64": (lambda n: 0.030 + 0.00008 * n, lambda b: 0.005 + 0.00002 * b,
+                     [0.85, 0.75, 0.7, 0.6], 64),
     # This CPU: every extra token costs a step's share, drafts cost 0.7 of a step.
     "cpu batch 1": (lambda n: 0.024 * n, lambda b: 0.017 * b, [0.3, 0.2, 0.2, 0.2], 1),
 }
@@ -182,11 +186,54 @@ def test_no_drafting_on_a_guess_while_prompts_are_prefilled():
     # chunks, so no verify step has been timed. Drafting K there for every
     # request took the prompts' token budget (load test: 10 such steps).
     policy = DraftLengthPolicy(max_k=4)
-    assert [policy.choose(58, prefilling=True) for _ in range(10)] == [0] * 10
-    # The first plain decode step is timed; drafting (warm-up) starts after it.
+    assert [policy.choose(58, prefilling=True).length for _ in range(10)] == [0] * 10
+    # The first plain decode step is timed; drafting (warm-up) starts after it,
+    # short and for a few of the requests.
     policy.observe_verify(58, 0.2)
-    assert policy.choose(58, prefilling=False) == PROBE_LENGTH
+    assert policy.choose(58, prefilling=False) == (PROBE_LENGTH, PROBE_ROWS)
     # Once something is measured, steps with prompt chunks are decided as others.
     policy.observe_draft(58, 0.1)
     policy.observe_verify(58 * 5, 0.9)
     assert policy.choose(58, prefilling=True) == policy.choose(58, prefilling=False)
+
+
+def test_probes_draft_for_a_few_requests_of_a_large_batch():
+    # The load test's cold start: at 58 requests on this CPU a step drafting for
+    # every request cost several plain steps. The first steps and the probes
+    # draft for PROBE_ROWS or 2 * PROBE_ROWS requests (two sizes, so the draft
+    # cost's line is measured), the rest of the batch decodes plainly.
+    policy = DraftLengthPolicy(max_k=4, probe_interval=4)
+    plans = []
+    for _ in range(200):
+        plan = policy.choose(58)
+        plans.append(plan)
+        if plan.length:
+            policy.observe_draft(plan.rows, 0.017 * plan.rows)
+            for _ in range(plan.rows):
+                policy.observe_acceptance(plan.length, 0)
+        policy.observe_verify(58 + plan.rows * plan.length, 0.024 * (58 + plan.rows * plan.length))
+    drafting = [plan for plan in plans if plan.length]
+    assert [plan.rows for plan in drafting[:4]] == [PROBE_ROWS, 2 * PROBE_ROWS] * 2
+    assert len(drafting) >= 6 and all(plan.rows <= 2 * PROBE_ROWS for plan in drafting)
+    # A small batch probes with all of its requests.
+    assert DraftLengthPolicy(max_k=4).choose(3) == (PROBE_LENGTH, 3)
+
+
+def test_probe_rows_rotate_over_the_batch():
+    # Which requests a probe drafts for moves on from probe to probe, so the
+    # acceptance estimate is not one request's; the others keep budget 0.
+    from vllm_layerskip.draft_engine import DraftRequests
+    from vllm_layerskip.proposers.base import LayerSkipProposerBase
+
+    proposer = object.__new__(LayerSkipProposerBase)  # no engine: only the row choice
+    proposer._probe_offset = 0
+    probed = []
+    for num_rows in (4, 8, 4):
+        n = 10
+        requests = DraftRequests(np.arange(n), np.zeros(n, dtype=np.int64),
+                                 np.zeros(n, dtype=np.int64), np.full(n, 2),
+                                 np.zeros(n, dtype=np.float32))
+        proposer._limit_to_probe_rows(requests, num_rows)
+        assert set(requests.budget.tolist()) == {0, 2}
+        probed.append(np.flatnonzero(requests.budget).tolist())
+    assert probed == [[0, 1, 2, 3], [0, 1, 4, 5, 6, 7, 8, 9], [2, 3, 4, 5]]

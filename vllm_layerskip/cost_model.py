@@ -14,15 +14,16 @@ Everything is measured while serving:
   kept, with exponential forgetting so a shift in the text is followed.
 
 While drafting does not pay it stays off, and the policy probes now and then with a
-short draft to keep the acceptance estimates fresh (a better skip set, an easier
-stream); the probe interval doubles while probes keep confirming "off", so the
-probing overhead vanishes on long runs.
+short draft for a few of the batch's requests to keep the acceptance estimates
+fresh (a better skip set, an easier stream); the probe interval doubles while
+probes keep confirming "off", so the probing overhead vanishes on long runs.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -138,6 +139,23 @@ class PositionAcceptance:
 # every request). Longer drafts follow once these pay: a position with little
 # data borrows the rate of the one before it (PositionAcceptance.rates).
 PROBE_LENGTH = 2
+# Requests a probe (or a first step) drafts for: the others decode plainly that
+# step. A probe has to refresh the acceptance estimates and the draft cost, not
+# to gain tokens; at 58 requests on this CPU, a probe step drafting for all of
+# them cost several plain steps (benchmarks/load_test.py, 2026-11-24), and a GPU's
+# verify pass stops being free at such sizes too. Probes alternate between
+# PROBE_ROWS and twice that many, so the draft cost is measured at two sizes and
+# its line (flat on a GPU, steep on a CPU) extrapolates to the full batch. Which
+# rows rotates (proposers/base.py), so no request's text dominates the estimate.
+PROBE_ROWS = 4
+
+
+class DraftPlan(NamedTuple):
+    """One step's decision: `length` tokens (0: no drafting) for at most `rows`
+    of the step's requests."""
+
+    length: int
+    rows: int
 
 
 def expected_tokens(rates: np.ndarray, k: int) -> float:
@@ -162,6 +180,7 @@ class DraftLengthPolicy:
         self.steps_drafting = 0
         self.draft_length_sum = 0
         self.steps_since_probe = 0
+        self.num_probes = 0  # first steps included
         self.current_probe_interval = self.probe_interval
 
     # ---- what was measured ---------------------------------------------------
@@ -209,10 +228,12 @@ class DraftLengthPolicy:
                 best_k, best = k, t
         return best_k
 
-    def choose(self, num_reqs: int, prefilling: bool = False) -> int:
-        """The draft length for this step (0: no drafting). `prefilling`: the
-        step also runs prompt chunks (chunked prefill)."""
+    def choose(self, num_reqs: int, prefilling: bool = False) -> DraftPlan:
+        """This step's draft length (0: no drafting) and how many of its
+        `num_reqs` requests draft. `prefilling`: the step also runs prompt
+        chunks (chunked prefill)."""
         self.steps += 1
+        probe = False
         if prefilling and len(self.verify_cost) == 0:
             # Nothing measured yet, and draft tokens would share the step's token
             # budget with prompts still being prefilled: no drafting on a guess.
@@ -220,7 +241,7 @@ class DraftLengthPolicy:
             # here; drafting K for every request then delayed every prompt.)
             k = 0
         elif self.steps <= self.warmup_steps or len(self.draft_cost) == 0:
-            k = min(PROBE_LENGTH, self.max_k)
+            k, probe = min(PROBE_LENGTH, self.max_k), True
         else:
             k = self.best_length(num_reqs)
             if k > 0:
@@ -229,15 +250,19 @@ class DraftLengthPolicy:
             else:
                 self.steps_since_probe += 1
                 if self.steps_since_probe >= self.current_probe_interval:
-                    k = min(PROBE_LENGTH, self.max_k)
+                    k, probe = min(PROBE_LENGTH, self.max_k), True
                     self.steps_since_probe = 0
                     self.current_probe_interval = min(
                         2 * self.current_probe_interval, self.max_probe_interval
                     )
+        rows = num_reqs
+        if probe:
+            rows = min(PROBE_ROWS * (1 + self.num_probes % 2), num_reqs)
+            self.num_probes += 1
         if k > 0:
             self.steps_drafting += 1
             self.draft_length_sum += k
-        return k
+        return DraftPlan(k, rows)
 
     def summary(self) -> dict:
         return {

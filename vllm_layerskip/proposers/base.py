@@ -21,7 +21,7 @@ from vllm_layerskip.rank_agreement import rank_agreement
 logger = logging.getLogger("vllm.layerskip")
 
 LOG_INTERVAL_S = 30.0
-# Debugging and load tests (scripts/load_test.py): the proposer's status() as JSON
+# Debugging and load tests (benchmarks/load_test.py): the proposer's status() as JSON
 # in this file, rewritten after every step (by tensor-parallel rank 0 only).
 STATUS_FILE_ENV = "VLLM_LAYERSKIP_STATUS_FILE"
 
@@ -63,6 +63,7 @@ class LayerSkipProposerBase:
         # step that verified it.
         self._last_drafted: dict[str, int] = {}
         self._last_end: float | None = None
+        self._probe_offset = 0  # where the next probe's rows start in the batch
         self._last_log = time.monotonic()
         self.bookkeeping = RequestBookkeeping()
         self._status_file = os.environ.get(STATUS_FILE_ENV) or None
@@ -102,10 +103,12 @@ class LayerSkipProposerBase:
         if self.policy is not None and len(requests.rows):
             # The cost model learns from this rank's clock; every rank must run
             # the same number of draft forwards, so rank 0's choice holds.
-            k = self.agreement.share(
+            plan = self.agreement.share(
                 self.policy.choose(len(requests.rows), self._ran_prompt_chunks(scheduler_output))
             )
-            requests.budget = np.minimum(requests.budget, k)
+            requests.budget = np.minimum(requests.budget, plan.length)
+            if plan.rows < len(requests.rows):
+                self._limit_to_probe_rows(requests, plan.rows)
         draft_start = time.perf_counter()
         result = self._draft_or_nothing(runner, requests)
         draft_seconds = time.perf_counter() - draft_start
@@ -122,6 +125,17 @@ class LayerSkipProposerBase:
         self._maybe_write_status()
         self._last_end = time.perf_counter()
         return result
+
+    def _limit_to_probe_rows(self, requests: DraftRequests, num_rows: int) -> None:
+        """A probe drafts for `num_rows` of the step's requests, the others
+        decode plainly. Which ones rotates over the batch from probe to probe.
+        (The offset counts shared plans only, so it agrees across ranks.)"""
+        total = len(requests.rows)
+        probed = (self._probe_offset + np.arange(num_rows)) % total
+        keep = np.zeros(total, dtype=bool)
+        keep[probed] = True
+        requests.budget = np.where(keep, requests.budget, 0)
+        self._probe_offset = (self._probe_offset + num_rows) % total
 
     def _draft_or_nothing(self, runner, requests: DraftRequests) -> DraftResult:
         """A draft pass that raises, or hands back non-finite draft probabilities,
