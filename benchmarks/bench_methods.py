@@ -124,8 +124,8 @@ def start_engines(group, g: int, args, model: str, failed: dict, started: list, 
     llm_kwargs = dict(dtype=args.dtype, enforce_eager=True, max_model_len=2048, seed=0)
     engines = []
     for config in group:
-        if config.family == "plain" and g:
-            config = type(config)(**{**asdict(config), "name": plain_name(g)})
+        if config.family in ("plain", "control") and g:
+            config = type(config)(**{**asdict(config), "name": plain_name(g, config.name)})
         engine = Engine(config, model, llm_kwargs)
         log(f"starting engine {config.name} ...")
         try:

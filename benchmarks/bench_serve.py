@@ -30,6 +30,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from benchlib.configs import DEFAULT_METHODS, METHODS, build_configs, engine_groups  # noqa: E402
+from benchlib.figures import plain_name  # noqa: E402
 from benchlib.engines import engines_that_fit  # noqa: E402
 from benchlib.workloads import williams_orders  # noqa: E402
 
@@ -132,7 +133,7 @@ def start_servers(group, g, args, model, env, out_dir, commands, failed) -> dict
     """Start a group's servers (plain first), wait until each is healthy."""
     servers = {}
     for i, config in enumerate(group):
-        name = config.name if not (g and config.family == "plain") else f"plain [group {g + 1}]"
+        name = plain_name(g, config.name) if config.family in ("plain", "control") else config.name
         port = args.port + i
         cmd = server_command(args, model, port, config.spec)
         commands.append(f"LD_PRELOAD={env.get('LD_PRELOAD', '')} VLLM_CPU_KVCACHE_SPACE="
@@ -204,8 +205,8 @@ def summarize(results: dict, names: list[str]) -> list[dict]:
     # group, each group's plain first.
     plain = None
     for r in rows:
-        if r["config"].startswith("plain"):
-            plain = r
+        if r["config"] == "plain" or r["config"].startswith("plain [group"):
+            plain = r  # (not the A/A control, "plain (A/A control)...")
         r["speedup"] = r["tokens_per_second"] / plain["tokens_per_second"] if plain else None
     return rows
 

@@ -123,3 +123,23 @@ def test_turn_figures_of_the_cost_model_from_its_cumulative_summary():
     turn = diff_stats(after, before)["cost_model"]
     assert (turn["turn_steps"], turn["turn_drafting_steps"], turn["turn_draft_length_sum"]) \
         == (50, 10, 40)
+
+
+def test_every_engine_group_has_plain_and_the_aa_control():
+    # With more methods than engines fit in memory, each group gets its own
+    # plain engine and A/A control, so each group's noise floor is measured.
+    from benchlib.configs import Config, engine_groups
+    from benchlib.figures import plain_name
+
+    plain = Config("plain", "plain", None, family="plain")
+    control = Config("plain (A/A control)", "plain", None, family="control")
+    methods = [Config(m, m, {"method": m}) for m in ("layer_skip", "swift", "clasp", "self_sd")]
+    groups = engine_groups([plain, control, *methods], max_alive=4)
+    assert [[c.name for c in g] for g in groups] == [
+        ["plain", "plain (A/A control)", "layer_skip", "swift"],
+        ["plain", "plain (A/A control)", "clasp", "self_sd"],
+    ]
+    assert engine_groups([plain, *methods], max_alive=4)[0] == [plain, *methods[:3]]
+    # Engines are renamed by group when they start: two references, two controls.
+    assert plain_name(1) == "plain [group 2]"
+    assert plain_name(1, control.name) == "plain (A/A control) [group 2]"

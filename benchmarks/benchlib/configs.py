@@ -214,8 +214,12 @@ def self_sd_uniform_sets(model_path: str) -> dict:
 def engine_groups(configs: list[Config], max_alive: int) -> list[list[Config]]:
     """Configurations per group of engines alive at once, plain first in each:
     with more configurations than fit in memory, groups run one after the other
-    and every speedup is against the plain engine of its own group."""
+    and every speedup is against the plain engine of its own group. The A/A
+    control, when asked for, runs in every group, after plain: each group's
+    noise floor is its own (start_engines names both by their group)."""
     plain, others = configs[0], configs[1:]
-    per_group = max(1, max_alive - 1)
+    controls = [c for c in others if c.family == "control"]
+    others = [c for c in others if c.family != "control"]
+    per_group = max(1, max_alive - 1 - len(controls))
     chunks = [others[i:i + per_group] for i in range(0, len(others), per_group)] or [[]]
-    return [[plain, *chunk] for chunk in chunks]
+    return [[plain, *controls, *chunk] for chunk in chunks]

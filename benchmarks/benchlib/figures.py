@@ -233,9 +233,10 @@ def _tpot(acc: dict) -> float | None:
     return acc["decode_time_sum"] / tokens if acc.get("decode_time_sum") and tokens > 0 else None
 
 
-def plain_name(group: int) -> str:
-    """Each engine group has its own plain engine (speedups are within a group)."""
-    return "plain" if group == 0 else f"plain [group {group + 1}]"
+def plain_name(group: int, name: str = "plain") -> str:
+    """Each engine group has its own plain engine (speedups are within a group)
+    and its own A/A control: `name` as it is called in group `group`."""
+    return name if group == 0 else f"{name} [group {group + 1}]"
 
 
 def _decode_step(ref: dict) -> float | None:
