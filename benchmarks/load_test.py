@@ -24,9 +24,9 @@ carry no `seed`: in vLLM 0.32 on CPU a seeded request whose sampled token is
 discarded (a chunked prefill) kills the engine, plugin or not ("CPU Generator
 does not use offset", GPUModelRunner._bookkeeping_sync).
 
-    scripts/load_test.py                  # all methods, 64 requests (~12 min here)
-    scripts/load_test.py --quick          # 16 requests, for trying
-    scripts/load_test.py --methods layer_skip,clasp
+    benchmarks/load_test.py                  # all methods, 64 requests (~12 min here)
+    benchmarks/load_test.py --quick          # 16 requests, for trying
+    benchmarks/load_test.py --methods layer_skip,clasp
 
 Writes benchmarks/results/load_<date>[_quick].md and .json; exits 1 if a check
 failed.
@@ -53,11 +53,11 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout
 
+from vllm_layerskip.measure import spec_bench_path  # noqa: E402
 from vllm_layerskip.options import AVAILABLE_METHODS  # noqa: E402
 from vllm_layerskip.proposers.base import STATUS_FILE_ENV  # noqa: E402
 
 VLLM = Path(sys.executable).parent / "vllm"
-QUESTIONS = Path("/work/shared/data/spec_bench/question.jsonl")
 RESULTS = REPO / "benchmarks" / "results"
 
 # Every method as the README shows it; K = 4 throughout.
@@ -116,7 +116,8 @@ def build_workload(model: str, num_requests: int, num_long: int, cancel_fraction
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     rng = np.random.default_rng(seed)
-    questions = [json.loads(line) for line in QUESTIONS.read_text().splitlines() if line.strip()]
+    questions = [json.loads(line) for line in Path(spec_bench_path()).read_text().splitlines()
+                 if line.strip()]
     texts = [(q["category"], q["turns"][0]) for q in questions]
     lengths = [chat_length(tokenizer, t) for _, t in texts]
 
@@ -600,7 +601,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or RESULTS / f"load_{date}{'_quick' if args.quick else ''}"
     meta = {
         "date": date, "command": "python " + " ".join([
-            "scripts/load_test.py", *(argv if argv is not None else sys.argv[1:])]),
+            "benchmarks/load_test.py", *(argv if argv is not None else sys.argv[1:])]),
         "model": args.model, "model_name": Path(args.model).name,
         "max_model_len": args.max_model_len, "max_tokens": args.max_tokens,
         "requests": len(requests), "long": num_long,
