@@ -43,7 +43,10 @@ MEMORY_RESERVE_GIB = 2.0  # left for others sharing the machine
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct")
+    p.add_argument("--model", default=None,
+                   help="default: SmolLM2-135M-Instruct; 'identity-padded': SmolLM2 with an "
+                        "identity layer after each layer, layer_skip skipping those "
+                        "(benchlib/padded_model.py: a draft that beats plain decoding here)")
     p.add_argument("--methods", nargs="+", choices=METHODS, default=list(DEFAULT_METHODS),
                    help="plain always runs. Methods that cannot run here (dependency missing, "
                         "not in this plugin version, GPU-only) are listed as skipped, with why")
@@ -200,12 +203,16 @@ def main() -> None:
 
     from tqdm import tqdm
 
-    from benchlib import figures, report
+    from benchlib import figures, padded_model, report
     from benchlib.engines import engines_that_fit
     from vllm_layerskip.default_model import ensure_default_model
     from vllm_layerskip.measure import spec_bench_path
 
     model = args.model or ensure_default_model()
+    if model == padded_model.NAME:
+        base = ensure_default_model()
+        model = padded_model.ensure_padded_model(base)
+        args.identity_layers = padded_model.identity_layers(model_config(base)["num_hidden_layers"])
     args.model_path = model
     configs = build_configs(args, model)
     runnable = [c for c in configs if c.runs]

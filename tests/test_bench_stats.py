@@ -143,3 +143,29 @@ def test_every_engine_group_has_plain_and_the_aa_control():
     # Engines are renamed by group when they start: two references, two controls.
     assert plain_name(1) == "plain [group 2]"
     assert plain_name(1, control.name) == "plain (A/A control) [group 2]"
+
+
+def test_identity_padded_model_computes_the_base_model(tiny_model_dir):
+    # The benchmark's sanity model for "a fixed draft length beats plain": an
+    # identity layer after each layer leaves the logits bit for bit the base
+    # model's, so the draft that skips the inserted layers is the base model.
+    import torch
+    from benchlib.padded_model import ensure_padded_model, identity_layers
+    from transformers import AutoModelForCausalLM
+
+    base = tiny_model_dir("llama")
+    padded = ensure_padded_model(base)
+    assert ensure_padded_model(base) == padded  # cached
+    models = [AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).eval()
+              for p in (base, padded)]
+    assert models[1].config.num_hidden_layers == 2 * models[0].config.num_hidden_layers
+    assert identity_layers(2) == [1, 3]
+    ids = torch.randint(0, models[0].config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        base_logits, padded_logits = (m(ids).logits for m in models)
+    assert torch.equal(base_logits, padded_logits)
+    # ... and not because the padding is inert everywhere: the inserted layers
+    # carry copies of real weights, only their output projections are zero.
+    inserted = models[1].model.layers[1]
+    assert torch.equal(inserted.self_attn.q_proj.weight, models[0].model.layers[0].self_attn.q_proj.weight)
+    assert not inserted.self_attn.o_proj.weight.any() and not inserted.mlp.down_proj.weight.any()

@@ -85,7 +85,14 @@ def build_configs(args, model_path: str) -> list[Config]:
                 f"method '{base_method}' is not in this plugin version "
                 f"(vllm_layerskip.options.AVAILABLE_METHODS = {list(available)})")
             base = {"method": base_method, "num_speculative_tokens": k, **extra}
-            if method == "layer_skip":
+            if method == "layer_skip" and getattr(args, "identity_layers", None):
+                # The identity-padded model (padded_model.py): skip exactly the
+                # inserted layers, a draft that is the base model itself.
+                layers = args.identity_layers
+                configs.append(Config(f"layer_skip, identity layers skipped{suffix}", method,
+                                      spec_for(method, {**base, "skip_layers": layers}), reason,
+                                      extra={"skip_sets": {"skip_attn": layers, "skip_mlp": layers}}))
+            elif method == "layer_skip":
                 for r in args.ratios:
                     label = f"layer_skip r={r:g}" + (" (no skip)" if r == 0 else "")
                     spec = spec_for(method, {**base, "skip_ratio": r} if r else base)
