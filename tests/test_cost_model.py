@@ -237,3 +237,41 @@ def test_probe_rows_rotate_over_the_batch():
         assert set(requests.budget.tolist()) == {0, 2}
         probed.append(np.flatnonzero(requests.budget).tolist())
     assert probed == [[0, 1, 2, 3], [0, 1, 4, 5, 6, 7, 8, 9], [2, 3, 4, 5]]
+
+
+def test_a_draft_as_slow_as_a_plain_step_is_probed_with_one_token():
+    # AdaDecode's exit heads here: a draft forward costs 1.3 plain steps at
+    # batch 1 (3.7 at 8 requests). No acceptance rate pays for that, so once
+    # one step has measured it the policy ends its first steps and probes
+    # with one draft token, which is all it takes to see the draft get cheaper.
+    verify = lambda n: 0.020 + 0.004 * n  # noqa: E731 - a plain step: 24 ms
+    policy = DraftLengthPolicy(max_k=4, probe_interval=4, max_probe_interval=16)
+    slow = simulate(policy, 300, verify, draft=lambda b: 0.040, rates=[0.95] * 4)
+    assert slow[0] == PROBE_LENGTH
+    assert slow[1:policy.warmup_steps] == [0] * (policy.warmup_steps - 1)
+    probes = [k for k in slow[4:] if k]
+    assert len(probes) >= 10 and set(probes) == {1}
+    assert not policy.draft_can_pay(1)
+    # Once drafts get cheap (a better skip set), the probes' one-token drafts
+    # move the draft cost line down (within a few probes: the line averages its
+    # last 32 samples)
+    # and, with acceptance this high, drafting comes back on.
+    cheap = simulate(policy, 600, verify, draft=lambda b: 0.006, rates=[0.95] * 4)
+    assert policy.draft_can_pay(1) and np.mean(cheap[400:]) > 3
+
+
+def test_a_cost_line_from_one_size_never_overstates_the_draft_to_step_ratio():
+    # GPU at batch 1: verifying 3 tokens costs about a plain step, a draft
+    # forward 0.6 of one. During warm-up the verify line has seen 3-token steps
+    # only; proportional extrapolation down to 1 token would make the plain step
+    # look 3x cheaper (d/v 1.8: "cannot pay"). Read at the seen size instead.
+    policy = DraftLengthPolicy(max_k=4)
+    plans = []
+    for _ in range(policy.warmup_steps):
+        plan = policy.choose(1)
+        plans.append(plan)
+        policy.observe_draft(1, 0.012)
+        policy.observe_verify(1 + plan.length, 0.020 + 0.0002 * (1 + plan.length))
+    assert plans == [(PROBE_LENGTH, 1)] * policy.warmup_steps
+    assert policy.verify_cost.single_size == 1 + PROBE_LENGTH
+    assert policy.draft_can_pay(1)

@@ -17,6 +17,9 @@ While drafting does not pay it stays off, and the policy probes now and then wit
 short draft for a few of the batch's requests to keep the acceptance estimates
 fresh (a better skip set, an easier stream); the probe interval doubles while
 probes keep confirming "off", so the probing overhead vanishes on long runs.
+A draft forward that costs as much as a plain step cannot pay at any acceptance
+rate (draft_can_pay): then the first steps stop early and the probes draft one
+token, enough to notice a draft that got cheaper.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class LinearCost:
         self._sums = [0.0, 0.0, 0.0, 0.0]  # sum x, sum y, sum x*x, sum x*y over the window
         self._added = 0
         self._line: tuple[float, float] | None = None  # (intercept, slope)
+        self._single_size: float | None = None  # the window's only size, if it has one
 
     def add(self, size: float, seconds: float) -> None:
         x, y = float(size), float(seconds)
@@ -74,7 +78,8 @@ class LinearCost:
             sum_x, sum_y, sum_xx, sum_xy = self._sums
             mean_x, mean_y = sum_x / n, sum_y / n
             spread = sum_xx - sum_x * mean_x
-            if spread <= 1e-9 * sum_xx:
+            self._single_size = mean_x if spread <= 1e-9 * sum_xx else None
+            if self._single_size is not None:
                 # One size seen so far: assume cost proportional to size. That is
                 # pessimistic where extra tokens are nearly free (GPU) and right on a
                 # compute-bound CPU; probes at other sizes correct it.
@@ -84,6 +89,13 @@ class LinearCost:
                 slope = max((sum_xy - sum_x * mean_y) / spread, 0.0)
                 self._line = (mean_y - slope * mean_x, slope)
         return self._line
+
+    @property
+    def single_size(self) -> float | None:
+        """The one size all samples in the window have (the line through it is
+        a guess beyond that size); None if there are none or several."""
+        self._fit()
+        return self._single_size
 
     def predict(self, size: float) -> float | None:
         line = self._fit()
@@ -175,7 +187,10 @@ class DraftLengthPolicy:
     def __post_init__(self):
         self.acceptance = PositionAcceptance(self.max_k)
         self.verify_cost = LinearCost()
-        self.draft_cost = LinearCost()
+        # Draft forwards are timed only while drafting: once drafting is off,
+        # one sample per probe, so a long window would take hundreds of probes
+        # to notice a draft that got cheaper (a new skip set).
+        self.draft_cost = LinearCost(window=32)
         self.steps = 0
         self.steps_drafting = 0
         self.draft_length_sum = 0
@@ -228,6 +243,23 @@ class DraftLengthPolicy:
                 best_k, best = k, t
         return best_k
 
+    def draft_can_pay(self, num_reqs: int) -> bool:
+        """Whether some draft length could beat plain decoding at this batch
+        size if every draft token were accepted. Verifying never costs less than
+        a plain step v, so k drafts of d seconds each gain at most k tokens for
+        k*d more seconds: the speedup is at most (1 + k) / (1 + k*d/v), below 1
+        for d >= v. Where a line is known at one size only, d and v are read
+        at the side of that size that cannot overstate d/v (proportional
+        extrapolation would: up for d, down for v)."""
+        size = self.draft_cost.single_size
+        draft = self.draft_cost.predict(num_reqs if size is None else min(num_reqs, size))
+        size = self.verify_cost.single_size
+        plain = self.verify_cost.predict(num_reqs if size is None else max(num_reqs, size))
+        if draft is None or plain is None:
+            return True
+        k = self.max_k
+        return (1 + k) / (1 + k * draft / plain) > 1 + self.margin
+
     def choose(self, num_reqs: int, prefilling: bool = False) -> DraftPlan:
         """This step's draft length (0: no drafting) and how many of its
         `num_reqs` requests draft. `prefilling`: the step also runs prompt
@@ -240,7 +272,9 @@ class DraftLengthPolicy:
             # (A server hit by many requests at once spends its first seconds
             # here; drafting K for every request then delayed every prompt.)
             k = 0
-        elif self.steps <= self.warmup_steps or len(self.draft_cost) == 0:
+        elif len(self.draft_cost) == 0 or (
+            self.steps <= self.warmup_steps and self.draft_can_pay(num_reqs)
+        ):
             k, probe = min(PROBE_LENGTH, self.max_k), True
         else:
             k = self.best_length(num_reqs)
@@ -250,7 +284,11 @@ class DraftLengthPolicy:
             else:
                 self.steps_since_probe += 1
                 if self.steps_since_probe >= self.current_probe_interval:
-                    k, probe = min(PROBE_LENGTH, self.max_k), True
+                    # A draft no cheaper than a plain step cannot pay whatever the
+                    # acceptance: the probe only has to notice a cheaper draft
+                    # (a new skip set), and one draft token measures that.
+                    length = PROBE_LENGTH if self.draft_can_pay(num_reqs) else 1
+                    k, probe = min(length, self.max_k), True
                     self.steps_since_probe = 0
                     self.current_probe_interval = min(
                         2 * self.current_probe_interval, self.max_probe_interval
