@@ -214,6 +214,11 @@ def test_status_reports_exit_layer_and_training_time(adadecode):
     assert shipped.layers[0] <= status["mean_exit_layer"] <= shipped.layers[-1]
     assert status["training_seconds"] == shipped.training["seconds"] > 0
     assert status["heldout_kl"]["after"] == shipped.heldout_kl["after"]
+    # A draft forward costs the rows it ran, token or not: a row whose heads
+    # were all unsure ran to the last head and drafted nothing. The cost model
+    # learns the draft cost per row from these counts.
+    stats = adadecode["status"]
+    assert stats["num_rows_run"] > stats["num_draft_tokens"] > 0, stats
     print("mean exit layer", status["mean_exit_layer"],
           "identity heads", adadecode["identity_status"]["adadecode"]["mean_exit_layer"])
 

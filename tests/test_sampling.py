@@ -125,6 +125,8 @@ def test_failed_draft_passes_fall_back_to_plain_decoding(tiny_llama, plain_sampl
     assert once["draft_failures"] == 1, once
     assert "InjectedFault" in once["last_draft_error"], once
     assert once["num_draft_tokens"] > 0 and before.draft_tokens > 0, once
+    # Without early exit every row a draft forward runs drafts a token.
+    assert once["num_rows_run"] == once["num_draft_tokens"], once
     # Every pass failed: no drafts reached vLLM, and the seeded samples are the
     # plain engine's, token for token.
     assert always["draft_failures"] > 1 and always["num_draft_tokens"] == once["num_draft_tokens"]

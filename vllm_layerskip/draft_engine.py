@@ -81,6 +81,9 @@ class DraftResult:
     top1_probs: list[list[float]]  # [num_reqs][<= K] draft confidence per token
     # [num_reqs][<= K] layers each draft token ran (early exit only, else empty)
     exit_layers: list[list[int]] = field(default_factory=list)
+    # Rows the forward passes ran, summed over them: what a draft pass costs.
+    # More than the tokens drafted where an early-exit row found no confident head.
+    num_rows_run: int = 0
 
     @property
     def num_draft_tokens(self) -> int:
@@ -163,7 +166,7 @@ class DraftEngine:
 
         active = np.flatnonzero(requests.budget > 0)  # indices into `requests`
         tokens = requests.last_token.copy()
-        steps = 0
+        steps = rows_run = 0
         for step in range(k):
             if active.size == 0:
                 break
@@ -182,6 +185,7 @@ class DraftEngine:
                 logits, requests.temperature[active], requests.rows[active], runner
             )
             steps += 1
+            rows_run += active.size
             keep = []
             for n, idx in enumerate(active):
                 row = int(requests.rows[idx])
@@ -202,7 +206,7 @@ class DraftEngine:
                 if not done:
                     keep.append(idx)
             active = np.array(keep, dtype=np.int64)
-        return DraftResult(drafts, probs, steps, top1s, exits if early_exit else [])
+        return DraftResult(drafts, probs, steps, top1s, exits if early_exit else [], rows_run)
 
     @torch.inference_mode()
     def score(self, runner, windows: ScoreWindows, mask: SkipMask) -> np.ndarray:

@@ -113,7 +113,7 @@ class LayerSkipProposerBase:
         result = self._draft_or_nothing(runner, requests)
         draft_seconds = time.perf_counter() - draft_start
         if self.policy is not None and result.num_forward_steps:
-            rows_per_step = result.num_draft_tokens / result.num_forward_steps
+            rows_per_step = result.num_rows_run / result.num_forward_steps
             self.policy.observe_draft(rows_per_step, draft_seconds / result.num_forward_steps)
         req_ids = runner.input_batch.req_ids
         self._last_drafted = {
@@ -270,6 +270,7 @@ class ProposerStats:
         self.num_proposals = 0
         self.num_forward_steps = 0
         self.num_draft_tokens = 0
+        self.num_rows_run = 0  # rows the draft forwards ran (>= tokens: early exit)
         self.draft_seconds = 0.0
         self.draft_failures = 0  # draft passes that raised (the step ran without drafts)
         self.last_draft_error: str | None = None
@@ -278,6 +279,7 @@ class ProposerStats:
         self.num_proposals += 1
         self.num_forward_steps += result.num_forward_steps
         self.num_draft_tokens += result.num_draft_tokens
+        self.num_rows_run += result.num_rows_run
         self.draft_seconds += seconds
 
     def as_dict(self) -> dict:
