@@ -82,9 +82,15 @@ if triton is not None:
             sq_c += c * c
             sq_s += s * s
             sq_t += t * t
-        norm_t = tl.maximum(tl.sqrt(tl.sum(sq_t, axis=0)), EPS)
-        cos_c = tl.sum(dot_c, axis=0) / (tl.maximum(tl.sqrt(tl.sum(sq_c, axis=0)), EPS) * norm_t)
-        cos_s = tl.sum(dot_s, axis=0) / (tl.maximum(tl.sqrt(tl.sum(sq_s, axis=0)), EPS) * norm_t)
+        # IEEE-rounded sqrt and division: tl.sqrt and '/' are approximate on NVIDIA
+        # GPUs, and where two different rows have the same exact cosine (H = 1:
+        # every cosine is +-1) they broke the tie both ways on an H100, against
+        # the reference's "ties go to computed". Two per program: free.
+        norm_t = tl.maximum(tl.sqrt_rn(tl.sum(sq_t, axis=0)), EPS)
+        norm_c = tl.maximum(tl.sqrt_rn(tl.sum(sq_c, axis=0)), EPS)
+        norm_s = tl.maximum(tl.sqrt_rn(tl.sum(sq_s, axis=0)), EPS)
+        cos_c = tl.div_rn(tl.sum(dot_c, axis=0), norm_c * norm_t)
+        cos_s = tl.div_rn(tl.sum(dot_s, axis=0), norm_s * norm_t)
 
         # Choice, same rules as dp_select_torch: invalid -> -inf, ties -> computed.
         c_ok = tl.load(c_valid_ptr + j) != 0

@@ -5,6 +5,9 @@ tl.zeros, ... are @triton.jit functions decorated at import), and other test
 modules import vLLM, which imports triton. So the kernel runs in a subprocess: this file run as a script
 writes inputs and kernel outputs to a file, and the tests compare them with
 dp_select_torch here. The pytest process's environment is never touched.
+On a machine with a CUDA GPU the subprocess runs the compiled kernel on the GPU
+instead (no interpreter), and the GPU-only tests below run too: the same file
+checks the kernel as CI runs it and as a GPU runs it.
 """
 
 from __future__ import annotations
@@ -60,36 +63,54 @@ def make_case(name: str) -> dict:
                 computed_valid=computed_valid, skipped_valid=skipped_valid, block_h=block_h)
 
 
-def run_kernel_cases(out_path: str) -> None:
-    """Subprocess side (TRITON_INTERPRET=1): run the kernel on every case."""
+GPU = torch.cuda.is_available()
+on_gpu_only = pytest.mark.skipif(not GPU, reason="needs a CUDA GPU (CI here has none)")
+
+
+def run_kernel_cases(out_path: str, device: str) -> None:
+    """Subprocess side: run the kernel on every case, under TRITON_INTERPRET=1
+    (device "cpu") or compiled on the GPU (device "cuda"); results on the CPU."""
     from kernels import clasp_dp
+
+    def on(case):
+        return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in case.items()}
 
     results = {}
     for name in CASES:
         case = make_case(name)
         block_h = case.pop("block_h")
-        results[name] = (case, clasp_dp.dp_select_triton(**case, block_h=block_h))
+        got = clasp_dp.dp_select_triton(**on(case), block_h=block_h)
+        results[name] = (case, tuple(t.cpu() for t in got))
 
-    # Under TRITON_INTERPRET=1 the dispatcher must pick Triton even for CPU tensors.
+    # Under TRITON_INTERPRET=1 the dispatcher must pick Triton even for CPU
+    # tensors, and on a GPU for CUDA tensors.
     def torch_forbidden(*args, **kwargs):
         raise AssertionError("dp_select chose torch")
 
     clasp_dp.dp_select_torch = torch_forbidden
     case = {k: v for k, v in make_case(CASES[-1]).items() if k != "block_h"}
-    clasp_dp.dp_select(**case)
-    torch.save({"cases": results, "dispatch_ok": True}, out_path)
+    clasp_dp.dp_select(**on(case))
+    torch.save({"cases": results, "dispatch_ok": True, "device": device}, out_path)
 
 
 @pytest.fixture(scope="module")
 def kernel_results(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("clasp_dp") / "results.pt")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": ROOT}
+    device = "cuda" if GPU else "cpu"
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    if GPU:
+        env.pop("TRITON_INTERPRET", None)
+    else:
+        env["TRITON_INTERPRET"] = "1"
     t0 = time.time()
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), out], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), out, device], env=env,
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    print(f"\n{len(CASES)} interpreted kernel launches + startup: {time.time() - t0:.1f} s")
-    return torch.load(out)
+    how = "compiled, on the GPU" if GPU else "interpreted"
+    print(f"\n{len(CASES)} kernel launches ({how}) + startup: {time.time() - t0:.1f} s")
+    results = torch.load(out)
+    assert results["device"] == device
+    return results
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -169,5 +190,63 @@ def test_dispatcher_on_cpu(monkeypatch):
         dp_select(**case, backend="cuda")
 
 
+# --- on a GPU only: the kernel inside CLaSp's whole DP, and at scale ---
+
+def _random_residual_layers(num_layers: int, hidden: int, device: str, seed: int = 0):
+    """Residual layers h + W_i tanh(h): skip choices that differ from layer to layer."""
+    g = torch.Generator().manual_seed(seed)
+    weights = [(torch.randn(hidden, hidden, generator=g) * (0.3 + 0.1 * (i % 4)) / hidden ** 0.5)
+               .to(device) for i in range(num_layers)]
+
+    def layer(i, states):
+        return states + torch.tanh(states) @ weights[i].T
+
+    return layer
+
+
+@on_gpu_only
+@pytest.mark.parametrize("num_reqs", [1, 4])
+def test_clasp_dp_picks_the_same_layers_with_the_gpu_kernel(num_reqs, monkeypatch):
+    # The DP on CUDA tensors dispatches every layer step to the Triton kernel;
+    # forcing the torch reference must give the same skip set and score.
+    from kernels import clasp_dp as kernel_module
+    from vllm_layerskip import layer_dp
+
+    num_layers, hidden = 30, 576  # SmolLM2's shape
+    layer = _random_residual_layers(num_layers, hidden, "cuda")
+    x0 = torch.randn(num_reqs, hidden, generator=torch.Generator().manual_seed(1)).cuda()
+    calls = []
+    real_triton = kernel_module.dp_select_triton
+
+    def counting_triton(*args, **kwargs):
+        calls.append(1)
+        return real_triton(*args, **kwargs)
+
+    monkeypatch.setattr(kernel_module, "dp_select_triton", counting_triton)
+    on_gpu = layer_dp.clasp_dp(layer, x0, num_layers, 12, frozenset({0, 29}))
+    assert len(calls) == num_layers  # one kernel launch per layer step
+    monkeypatch.setattr(layer_dp, "dp_select",
+                        lambda *a, **k: kernel_module.dp_select(*a, **k, backend="torch"))
+    reference = layer_dp.clasp_dp(layer, x0, num_layers, 12, frozenset({0, 29}))
+    assert on_gpu.skipped == reference.skipped
+    assert on_gpu.score == pytest.approx(reference.score, abs=1e-5)
+
+
+@on_gpu_only
+@pytest.mark.parametrize("hidden,num_cells", [(576, 30), (4096, 64), (8192, 80)])
+def test_gpu_kernel_at_model_sizes(hidden, num_cells):
+    # Hidden sizes of SmolLM2, Llama-3-8B and Llama-3-70B; rows as many as layers.
+    g = torch.Generator().manual_seed(hidden)
+    target = torch.randn(hidden, generator=g)
+    computed = (target + torch.randn(num_cells, hidden, generator=g)).to(torch.bfloat16)
+    skipped = (target + 1.5 * torch.randn(num_cells, hidden, generator=g)).to(torch.bfloat16)
+    valid = torch.ones(num_cells, dtype=torch.bool)
+    args = [t.cuda() for t in (computed, skipped, target.to(torch.bfloat16), valid, valid)]
+    states, took_skip, score = dp_select(*args)
+    ref_states, ref_skip, ref_score = dp_select_torch(*args)
+    assert torch.equal(took_skip, ref_skip) and torch.equal(states, ref_states)
+    torch.testing.assert_close(score, ref_score, rtol=0, atol=1e-3)
+
+
 if __name__ == "__main__":
-    run_kernel_cases(sys.argv[1])
+    run_kernel_cases(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "cpu")
