@@ -148,6 +148,10 @@ def start_engines(group, g: int, args, model: str, failed: dict, started: list, 
 
 # ---- the run -----------------------------------------------------------------------
 
+# Full-length, one-request generations that warm each engine before its first timed turn.
+WARMUP_TURNS = 4
+
+
 def run_group(engines, g: int, workloads, prompts, warmup, args, turns, failed, bar) -> None:
     from vllm import SamplingParams
 
@@ -164,14 +168,18 @@ def run_group(engines, g: int, workloads, prompts, warmup, args, turns, failed, 
         try:
             if (workload, name) not in warmed:
                 # Untimed, on questions outside the timed set: an engine's first calls
-                # at a new batch size or temperature allocate. Its first one runs at
-                # full length: the first long generation ran slow for any engine
-                # (plain's A/A control at 0.81x on the first question of a run,
-                # 2026-11-24), which 8 tokens did not absorb.
-                first = not any(n == name for _, n in warmed)
+                # at a new batch size or temperature allocate. Its first ones run at
+                # full length, one request at a time: the first long generations ran
+                # slow for any engine (plain's A/A control at 0.81x on the first
+                # question of a run, 2026-11-24, which 8 tokens did not absorb; with
+                # one full-length warm-up, 5 of a run's 10 turns below 0.9x plain
+                # were among its first 20 of 552, 2026-11-24 11:12).
+                if not any(n == name for _, n in warmed):
+                    for i in warmup[:WARMUP_TURNS]:
+                        engine.generate([prompts[i]], SamplingParams(
+                            temperature=workload.temperature, max_tokens=args.max_tokens))
                 engine.generate([prompts[i] for i in warmup[:workload.concurrency]],
-                                SamplingParams(temperature=workload.temperature,
-                                               max_tokens=args.max_tokens if first else 8))
+                                SamplingParams(temperature=workload.temperature, max_tokens=8))
                 warmed.add((workload, name))
             turn = engine.generate(
                 texts, SamplingParams(temperature=workload.temperature, max_tokens=args.max_tokens),
@@ -255,7 +263,8 @@ def main() -> None:
                 from vllm_layerskip.measure import chat_prompts
 
                 timed = {i for _, blocks in workloads for b in blocks for i in b.questions}
-                warmup = warmup_questions(questions, timed, max(w.concurrency for w, _ in workloads))
+                warmup = warmup_questions(
+                    questions, timed, max(WARMUP_TURNS, *(w.concurrency for w, _ in workloads)))
                 used = sorted(timed | set(warmup))
                 texts = chat_prompts(engines[0].llm, [questions[i]["prompt"] for i in used])
                 prompts = dict(zip(used, texts))

@@ -202,11 +202,12 @@ def summarize(results: dict, names: list[str]) -> list[dict]:
             "alpha": accepted / drafted if drafted else None,
         })
     # Speedup over the plain server of the same group: names come group by
-    # group, each group's plain first.
+    # group, each group's plain first (the A/A control is not a reference).
+    plain_names = {plain_name(g) for g in range(len(rows))}
     plain = None
     for r in rows:
-        if r["config"] == "plain" or r["config"].startswith("plain [group"):
-            plain = r  # (not the A/A control, "plain (A/A control)...")
+        if r["config"] in plain_names:
+            plain = r
         r["speedup"] = r["tokens_per_second"] / plain["tokens_per_second"] if plain else None
     return rows
 

@@ -169,3 +169,20 @@ def test_identity_padded_model_computes_the_base_model(tiny_model_dir):
     inserted = models[1].model.layers[1]
     assert torch.equal(inserted.self_attn.q_proj.weight, models[0].model.layers[0].self_attn.q_proj.weight)
     assert not inserted.self_attn.o_proj.weight.any() and not inserted.mlp.down_proj.weight.any()
+
+
+def test_serve_speedups_are_over_each_groups_plain_server():
+    # The A/A control's name starts with "plain" too; it must not become the
+    # reference of the rows after it.
+    from bench_serve import summarize
+    from benchlib.figures import plain_name
+
+    def run(tokens):
+        return [{"total_output_tokens": tokens, "duration": 1.0, "completed": 1,
+                 "mean_tpot_ms": 1.0, "mean_ttft_ms": 1.0}]
+    names = ["plain", plain_name(0, "plain (A/A control)"), "swift",
+             plain_name(1), plain_name(1, "plain (A/A control)"), "clasp"]
+    results = dict(zip(names, map(run, [100, 90, 120, 50, 50, 40])))
+    speedups = {r["config"]: round(r["speedup"], 3) for r in summarize(results, names)}
+    assert speedups == {"plain": 1.0, "plain (A/A control)": 0.9, "swift": 1.2,
+                        "plain [group 2]": 1.0, "plain (A/A control) [group 2]": 1.0, "clasp": 0.8}

@@ -42,10 +42,9 @@ def _demo(args) -> int:
         for name, config in zip(names, (None, spec)):
             print(f"\n== {name}: building the engine ...", flush=True)
             engines[name] = LLM(**engine, speculative_config=config)
-        prompts = chat_prompts(engines["plain"], [q["prompt"] for q in timed])
-        warmup = chat_prompts(engines["plain"], [spare["prompt"]])
+        *prompts, warmup = chat_prompts(engines["plain"], [q["prompt"] for q in timed + [spare]])
         for llm in engines.values():  # first-request costs stay out of the timing
-            timed_generate(llm, warmup, params)
+            timed_generate(llm, [warmup], params)
         # One request at a time (the latency setting speculative decoding
         # targets), the two engines taking turns on each prompt, in alternating
         # order: both see the same machine, whatever else runs on it meanwhile.
