@@ -186,3 +186,23 @@ def test_serve_speedups_are_over_each_groups_plain_server():
     speedups = {r["config"]: round(r["speedup"], 3) for r in summarize(results, names)}
     assert speedups == {"plain": 1.0, "plain (A/A control)": 0.9, "swift": 1.2,
                         "plain [group 2]": 1.0, "plain (A/A control) [group 2]": 1.0, "clasp": 0.8}
+
+
+def test_pooled_runs_pair_each_question_with_its_own_runs_plain():
+    # Two runs: in the second the method sat in engine group 2, beside that
+    # group's plain engine ("plain [group 2]"). Pooled, each question is paired
+    # with plain's turn of its own run and group, and the names are merged.
+    from pool_runs import pooled_speedups, pooled_turns
+
+    def turn(group, block, config, seconds, family="spec", category="qa"):
+        return {"group": group, "workload": WORKLOAD, "block": block, "category": category,
+                "config": config, "family": family, "num_tokens": 64, "seconds": seconds}
+    run_a = [turn(0, 0, "plain", 4.0, "plain"), turn(0, 0, "swift", 5.0)]
+    run_b = [turn(0, 0, "plain", 1.0, "plain"), turn(1, 0, "plain [group 2]", 2.0, "plain"),
+             turn(1, 0, "swift [group 2]", 2.0)]
+    speedups = pooled_speedups(pooled_turns([run_a, run_b]))
+    # swift: 128 tokens in 7 s; plain on the same blocks: 128 tokens in 4 + 2 s
+    # (run b's group-1 plain, not its faster group-0 one).
+    assert speedups[(WORKLOAD, "qa", "swift")] == (pytest.approx(6 / 7), 2)
+    assert speedups[(WORKLOAD, ALL, "swift")] == speedups[(WORKLOAD, "qa", "swift")]
+    assert set(key[2] for key in speedups) == {"swift"}
