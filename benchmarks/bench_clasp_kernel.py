@@ -9,7 +9,7 @@ Prints a markdown table and writes it to --out:
 Times are medians of triton.testing.do_bench (warm-up and repeats inside), in
 microseconds. "Whole DP" runs layer_dp.clasp_dp end to end with cheap stand-in
 layers (h + tanh(h) W), so it adds those matmuls and the DP's per-layer host
-work (one device-to-host copy of the choices per layer) to the kernel's time.
+work (~23 kernel launches per layer) to the kernel's time.
 """
 
 from __future__ import annotations

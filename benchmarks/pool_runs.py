@@ -19,11 +19,10 @@ import json
 import os
 import re
 import sys
-from collections import defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from benchlib.figures import ALL, plain_turns, speedup_intervals  # noqa: E402
+from benchlib.figures import ALL, paired_blocks, speedup_intervals  # noqa: E402
 from benchlib.report import SPEEDUP_FLOOR  # noqa: E402
 
 GROUP_SUFFIX = re.compile(r" \[group \d+\]$")
@@ -38,20 +37,12 @@ def pooled_turns(runs: list[list[dict]]) -> list[dict]:
 def pooled_speedups(turns: list[dict]) -> dict[tuple, tuple[float, int]]:
     """(workload, category, config) -> (speedup over plain, blocks): tokens/s from
     summed tokens and seconds of the blocks, over plain's on the same blocks."""
-    plain = plain_turns(turns)
-    sums: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0, 0])
-    for t in turns:
-        ref = plain.get((t["group"], t["workload"], t["block"]))
-        if ref is None or t["family"] == "plain":
-            continue
-        for cat in (ALL,) if t["category"] == "mixed" else (t["category"], ALL):
-            s = sums[(t["workload"], cat, t["config"])]
-            s[0] += t["num_tokens"]
-            s[1] += t["seconds"]
-            s[2] += ref["num_tokens"]
-            s[3] += ref["seconds"]
-            s[4] += 1
-    return {key: ((s[0] / s[1]) / (s[2] / s[3]), int(s[4])) for key, s in sums.items()}
+    out = {}
+    for key, by_cat in paired_blocks(turns).items():
+        pairs = [pair for rows in by_cat.values() for pair in rows]
+        tokens, seconds, plain_tokens, plain_seconds = map(sum, zip(*pairs))
+        out[key] = ((tokens / seconds) / (plain_tokens / plain_seconds), len(pairs))
+    return out
 
 
 def report(turns: list[dict]) -> str:
@@ -87,15 +78,24 @@ def report(turns: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def load_turns(path: str) -> list[dict]:
+    """The timed turns of one bench_methods.py run (its JSON file)."""
+    try:
+        with open(path) as f:
+            return json.load(f)["turns"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(
+            f"{path}: not a bench_methods.py result ({type(e).__name__}: {e}); pass the "
+            ".json files bench_methods.py saves, e.g. benchmarks/results/bench_*.json"
+        ) from None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="bench_methods.py JSON files")
     parser.add_argument("--out", help="also write the report here (markdown)")
     args = parser.parse_args()
-    runs = []
-    for path in args.runs:
-        with open(path) as f:
-            runs.append(json.load(f)["turns"])
+    runs = [load_turns(path) for path in args.runs]
     text = (f"Pooled over {len(runs)} runs: {', '.join(os.path.basename(p) for p in args.runs)}\n\n"
             + report(pooled_turns(runs)))
     print(text)

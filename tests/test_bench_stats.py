@@ -206,3 +206,16 @@ def test_pooled_runs_pair_each_question_with_its_own_runs_plain():
     assert speedups[(WORKLOAD, "qa", "swift")] == (pytest.approx(6 / 7), 2)
     assert speedups[(WORKLOAD, ALL, "swift")] == speedups[(WORKLOAD, "qa", "swift")]
     assert set(key[2] for key in speedups) == {"swift"}
+
+
+def test_pooling_refuses_a_file_that_is_not_a_benchmark_result(tmp_path):
+    from pool_runs import load_turns
+
+    wrong = tmp_path / "load.json"
+    wrong.write_text('{"rows": []}')  # e.g. a load_test.py result
+    with pytest.raises(SystemExit, match=r"load.json: not a bench_methods.py result .*KeyError"):
+        load_turns(str(wrong))
+    broken = tmp_path / "cut.json"
+    broken.write_text('{"turns": [')
+    with pytest.raises(SystemExit, match=r"cut.json: not a bench_methods.py result .*pass the .json"):
+        load_turns(str(broken))

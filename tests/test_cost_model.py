@@ -254,8 +254,7 @@ def test_a_draft_as_slow_as_a_plain_step_is_probed_with_one_token():
     assert not policy.draft_can_pay(1)
     # Once drafts get cheap (a better skip set), the probes' one-token drafts
     # move the draft cost line down (within a few probes: the line averages its
-    # last 32 samples)
-    # and, with acceptance this high, drafting comes back on.
+    # last 32 samples), and with acceptance this high drafting comes back on.
     cheap = simulate(policy, 600, verify, draft=lambda b: 0.006, rates=[0.95] * 4)
     assert policy.draft_can_pay(1) and np.mean(cheap[400:]) > 3
 

@@ -114,6 +114,23 @@ def check_parity(turns: list[dict]) -> None:
                 break
 
 
+def paired_blocks(turns: list[dict]) -> dict[tuple, dict[str, list[tuple]]]:
+    """(workload, category, config) -> {category of the block: [(tokens, seconds,
+    plain's tokens, plain's seconds), ...]}: every non-plain turn paired with plain's
+    turn on the same block of the same group, under its category and under ALL
+    (concurrent batches, category "mixed", under ALL only)."""
+    plain = plain_turns(turns)
+    pairs: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    for t in turns:
+        ref = plain.get((t["group"], t["workload"], t["block"]))
+        if ref is None or t["family"] == "plain":
+            continue
+        pair = (t["num_tokens"], t["seconds"], ref["num_tokens"], ref["seconds"])
+        for cat in (ALL,) if t["category"] == "mixed" else (t["category"], ALL):
+            pairs[(t["workload"], cat, t["config"])][t["category"]].append(pair)
+    return pairs
+
+
 def speedup_intervals(turns: list[dict], level: float = 0.95, reps: int = 4000,
                       seed: int = 0) -> dict[tuple, tuple[float, float]]:
     """(workload, category, config) -> (low, high): a paired bootstrap interval of
@@ -125,18 +142,9 @@ def speedup_intervals(turns: list[dict], level: float = 0.95, reps: int = 4000,
     interval keeps every category's share; with one block in some category, all
     blocks together), and each resample's speedup is a ratio of sums, as the
     point figure is. Needs two blocks or more."""
-    plain = plain_turns(turns)
-    pairs: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
-    for t in turns:
-        ref = plain.get((t["group"], t["workload"], t["block"]))
-        if ref is None or t["family"] == "plain":
-            continue
-        pair = (t["num_tokens"], t["seconds"], ref["num_tokens"], ref["seconds"])
-        for cat in (ALL,) if t["category"] == "mixed" else (t["category"], ALL):
-            pairs[(t["workload"], cat, t["config"])][t["category"]].append(pair)
     rng = np.random.default_rng(seed)
     out = {}
-    for key, by_cat in pairs.items():
+    for key, by_cat in paired_blocks(turns).items():
         if sum(len(v) for v in by_cat.values()) < 2:
             continue
         strata = list(by_cat.values())
