@@ -23,8 +23,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from kernels import clasp_dp as kernel  # noqa: E402
-from vllm_layerskip import layer_dp  # noqa: E402
+from vllm_layerskip.kernels import clasp_dp as kernel  # noqa: E402
+from vllm_layerskip.methods.clasp import layer_dp  # noqa: E402
 
 # (model, hidden size, layers): the DP scores up to M = layers/2 cells per step.
 SHAPES = [("SmolLM2-135M", 576, 30), ("Llama-3-8B", 4096, 32), ("Qwen2.5-32B", 5120, 64),

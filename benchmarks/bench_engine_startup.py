@@ -22,8 +22,8 @@ def main():
     from conftest import make_llm
     from test_parity_smollm2 import CONFIGS, MAX_MODEL_LEN, run
 
-    from vllm_layerskip.default_model import ensure_default_model
-    from vllm_layerskip.measure import shutdown, spec_decode_counters
+    from vllm_layerskip.tools.prepare_model import ensure_default_model
+    from vllm_layerskip.core.measure import shutdown, spec_decode_counters
 
     model = ensure_default_model(quiet=True)
     config = {"method": "layer_skip", **CONFIGS["K4-sublayers"]}

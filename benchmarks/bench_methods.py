@@ -21,7 +21,6 @@ import datetime
 import json
 import os
 import sys
-import time
 from dataclasses import asdict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -213,8 +212,8 @@ def main() -> None:
 
     from benchlib import figures, padded_model, report
     from benchlib.engines import engines_that_fit
-    from vllm_layerskip.default_model import ensure_default_model
-    from vllm_layerskip.measure import spec_bench_path
+    from vllm_layerskip.tools.prepare_model import ensure_default_model
+    from vllm_layerskip.core.measure import spec_bench_path
 
     model = args.model or ensure_default_model()
     if model == padded_model.NAME:
@@ -260,7 +259,7 @@ def main() -> None:
             bar = tqdm(total=total, unit="turn", dynamic_ncols=True)
         try:
             if not prompts:
-                from vllm_layerskip.measure import chat_prompts
+                from vllm_layerskip.core.measure import chat_prompts
 
                 timed = {i for _, blocks in workloads for b in blocks for i in b.questions}
                 warmup = warmup_questions(

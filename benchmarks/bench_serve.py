@@ -218,8 +218,8 @@ def fmt(v, spec=".2f") -> str:
 
 def main() -> None:
     args = parse_args()
-    from vllm_layerskip.default_model import ensure_default_model
-    from vllm_layerskip.measure import spec_bench_path
+    from vllm_layerskip.tools.prepare_model import ensure_default_model
+    from vllm_layerskip.core.measure import spec_bench_path
 
     model = args.model or ensure_default_model()
     questions = spec_bench_path()

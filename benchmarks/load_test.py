@@ -53,9 +53,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout
 
-from vllm_layerskip.measure import spec_bench_path  # noqa: E402
-from vllm_layerskip.options import AVAILABLE_METHODS  # noqa: E402
-from vllm_layerskip.proposers.base import STATUS_FILE_ENV  # noqa: E402
+from vllm_layerskip.core.measure import spec_bench_path  # noqa: E402
+from vllm_layerskip.methods.registry import METHOD_NAMES  # noqa: E402
+from vllm_layerskip.core.proposer import STATUS_FILE_ENV  # noqa: E402
 
 VLLM = Path(sys.executable).parent / "vllm"
 RESULTS = REPO / "benchmarks" / "results"
@@ -553,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
     num_long = 1 if args.quick else len(LONG_PROMPT_MARGINS)
 
     if args.model is None:
-        from vllm_layerskip.default_model import ensure_default_model
+        from vllm_layerskip.tools.prepare_model import ensure_default_model
 
         args.model = ensure_default_model(quiet=True)
     methods, skipped = [], []
@@ -563,8 +563,8 @@ def main(argv: list[str] | None = None) -> int:
         method = extra.get("method", name)
         if method not in SPECS:
             parser.error(f"unknown method {method!r}; known: {', '.join(SPECS)}")
-        if method not in AVAILABLE_METHODS:
-            skipped.append(f"{name}: {method} not in vllm_layerskip.options.AVAILABLE_METHODS")
+        if method not in METHOD_NAMES:
+            skipped.append(f"{name}: {method} not in vllm_layerskip.methods.registry.METHOD_NAMES")
             print(f"skipping {name}: this checkout does not provide {method} yet", flush=True)
             continue
         methods.append(name)

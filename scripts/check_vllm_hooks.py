@@ -28,7 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from vllm_layerskip.hook_points import Hook, HookResult, check_source_tree, needed_files
+from vllm_layerskip.patches.hook_check import HookResult, check_source_tree
+from vllm_layerskip.patches.hook_table import Hook, needed_files
 
 CACHE = Path.home() / ".cache" / "vllm_layerskip"
 

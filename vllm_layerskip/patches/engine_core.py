@@ -54,11 +54,6 @@ def post_step(self, model_executed: bool) -> None:
 
 def patches() -> list[Patch]:
     return [
-        Patch(
-            Scheduler,
-            "update_from_output",
-            update_from_output,
-            expected_params=("self", "scheduler_output", "model_runner_output"),
-        ),
-        Patch(EngineCore, "post_step", post_step, expected_params=("self", "model_executed")),
+        Patch(Scheduler, "update_from_output", update_from_output),
+        Patch(EngineCore, "post_step", post_step),
     ]

@@ -50,7 +50,7 @@ from vllm_layerskip.patches.engine_core import DRAFTS_ATTR
 def _has_layerskip_drafter(runner) -> bool:
     # Imported on use, as each patch function did before: a module-level import
     # would load the proposers wherever vLLM loads the plugin's patches.
-    from vllm_layerskip.proposers.base import LayerSkipProposerBase
+    from vllm_layerskip.core.proposer import LayerSkipProposerBase
 
     return isinstance(getattr(runner, "drafter", None), LayerSkipProposerBase)
 
@@ -110,7 +110,6 @@ def execute_model(self, *args, **kwargs):
 
 
 def sample_tokens(self, *args, **kwargs):
-    from vllm_layerskip.patches.engine_core import DRAFTS_ATTR
     with _model_gate(self):
         output = call_original(GPUModelRunner, "sample_tokens")(self, *args, **kwargs)
     if _has_layerskip_drafter(self) and isinstance(output, ModelRunnerOutput):
@@ -122,40 +121,9 @@ def sample_tokens(self, *args, **kwargs):
 
 def patches() -> list[Patch]:
     return [
-        Patch(
-            GPUModelRunner,
-            "execute_model",
-            execute_model,
-            expected_params=("self", "scheduler_output", "intermediate_tensors"),
-        ),
-        Patch(GPUModelRunner, "sample_tokens", sample_tokens, expected_params=("self", "grammar_output")),
-        Patch(
-            GPUModelRunner,
-            "_input_fits_in_drafter",
-            _input_fits_in_drafter,
-            expected_params=("self", "common_attn_metadata"),
-        ),
-        Patch(
-            GPUModelRunner,
-            "_sample",
-            _sample,
-            expected_params=("self", "logits", "spec_decode_metadata"),
-        ),
-        Patch(
-            GPUModelRunner,
-            "propose_draft_token_ids",
-            propose_draft_token_ids,
-            expected_params=(
-                "self",
-                "scheduler_output",
-                "sampled_token_ids",
-                "sampling_metadata",
-                "hidden_states",
-                "sample_hidden_states",
-                "aux_hidden_states",
-                "spec_decode_metadata",
-                "common_attn_metadata",
-                "slot_mappings",
-            ),
-        )
+        Patch(GPUModelRunner, "execute_model", execute_model),
+        Patch(GPUModelRunner, "sample_tokens", sample_tokens),
+        Patch(GPUModelRunner, "_input_fits_in_drafter", _input_fits_in_drafter),
+        Patch(GPUModelRunner, "_sample", _sample),
+        Patch(GPUModelRunner, "propose_draft_token_ids", propose_draft_token_ids),
     ]

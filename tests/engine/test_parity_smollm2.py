@@ -1,0 +1,131 @@
+"""float32 greedy outputs with `layer_skip` are token-for-token those of plain vLLM
+on SmolLM2-135M-Instruct: several skip sets (whole layers and attention/MLP
+sub-layers), K in {1, 4, 8}, batch 1 and a batch of 8 prompts of very different
+lengths, one of which runs into max_model_len."""
+
+import pytest
+from conftest import make_llm
+from vllm import SamplingParams
+
+from vllm_layerskip.core.measure import (
+    chat_prompts,
+    load_spec_bench,
+    proposer_stats,
+    shutdown,
+    spec_decode_counters,
+)
+
+MAX_MODEL_LEN = 512
+SHORT_TOKENS = 40
+
+
+def workload(llm):
+    questions = [q["prompt"] for q in load_spec_bench(per_category=1)][:7]
+    prompts = chat_prompts(llm, questions)
+    # A long prompt (~400 tokens) whose generation must stop at max_model_len.
+    story = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog." for i in range(26))
+    prompts.append(chat_prompts(llm, [f"Continue this text forever.\n{story}"])[0])
+    params = [SamplingParams(temperature=0, max_tokens=SHORT_TOKENS)] * 7
+    params.append(SamplingParams(temperature=0, max_tokens=MAX_MODEL_LEN))
+    return prompts, params
+
+
+def run(llm):
+    prompts, params = workload(llm)
+    batch = llm.generate(prompts, params, use_tqdm=False)
+    single = llm.generate(prompts[3:4], params[3:4], use_tqdm=False)
+    return {
+        "batch": [list(o.outputs[0].token_ids) for o in batch],
+        "single": list(single[0].outputs[0].token_ids),
+        "long_total": len(batch[-1].prompt_token_ids) + len(batch[-1].outputs[0].token_ids),
+        "long_finish": batch[-1].outputs[0].finish_reason,
+        "prompt_lens": [len(o.prompt_token_ids) for o in batch],
+    }
+
+
+@pytest.fixture(scope="module")
+def plain(smollm2_path):
+    llm = make_llm(smollm2_path, in_process=True, max_model_len=MAX_MODEL_LEN)
+    out = run(llm)
+    shutdown(llm)
+    return out
+
+
+# Fixed draft lengths (adaptive_draft_length off) so that every step drafts; the
+# cost model, on by default, would mostly turn drafting off on this CPU.
+FIXED = {"adaptive_draft_length": False}
+CONFIGS = {
+    "K1-whole-layers": {"num_speculative_tokens": 1, "skip_layers": [10, 12, 14, 16], **FIXED},
+    "K4-sublayers": {"num_speculative_tokens": 4, "skip_attn": [5, 9, 13, 17, 21],
+                     "skip_mlp": [7, 11, 15, 19, 23], **FIXED},
+    "K8-ratio-confidence": {"num_speculative_tokens": 8, "skip_ratio": 0.3,
+                            "draft_confidence_threshold": 0.5, **FIXED},
+    "K4-nothing-skipped": {"num_speculative_tokens": 4, **FIXED},
+    "K4-adaptive": {"num_speculative_tokens": 4, "skip_ratio": 0.2},
+    # SWIFT with its optimizer busy the whole run: a short context window, a
+    # Bayesian suggestion every 3rd candidate, no early stop. The draft mask
+    # changes between steps while requests are in flight.
+    "swift-K4-optimizing": {"method": "swift", "num_speculative_tokens": 4, "context_window": 8,
+                            "bo_interval": 3, "patience": 10000, "max_optimization_steps": 10000,
+                            "max_optimizer_share": 1.0, **FIXED},
+    # Self-SD with the shipped profile and its adaptive draft-exiting threshold.
+    "self_sd-K8-shipped": {"method": "self_sd", "profile": "shipped", "num_speculative_tokens": 8,
+                           **FIXED},
+    # SWIFT with the cost model on; a much larger optimizer share than the
+    # default (0.01), so that masks surely switch within this short run: at 0.1
+    # only 10-12 random candidates were scored and 1 run in 3 found none better
+    # than the initial set.
+    "swift-K6-adaptive": {"method": "swift", "num_speculative_tokens": 6, "context_window": 8,
+                          "patience": 10000, "max_optimizer_share": 0.5},
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_layer_skip_greedy_parity(smollm2_path, plain, name):
+    config = {"method": "layer_skip", **CONFIGS[name]}
+    k = config["num_speculative_tokens"]
+    llm = make_llm(smollm2_path, in_process=True, speculative_config=config,
+                   max_model_len=MAX_MODEL_LEN)
+    try:
+        out = run(llm)
+        counters = spec_decode_counters(llm)
+        status = proposer_stats(llm)
+    finally:
+        shutdown(llm)
+
+    # The workload is what we think it is: very different prompt lengths.
+    assert max(plain["prompt_lens"]) > 5 * min(plain["prompt_lens"])
+    assert plain["long_total"] == MAX_MODEL_LEN and plain["long_finish"] == "length"
+
+    assert out["batch"] == plain["batch"]
+    assert out["single"] == plain["single"]
+    assert out["long_total"] == MAX_MODEL_LEN and out["long_finish"] == "length"
+
+    # Speculation really ran, within K per step.
+    assert counters.drafts > (0 if "adaptive" in name else 20)
+    assert counters.draft_tokens <= k * counters.drafts
+    assert len(counters.accepted_per_pos) == k
+    if name == "K4-nothing-skipped":
+        # A K-step draft through every layer predicts exactly what the target
+        # would: only possible if the draft reads the target's KV for the
+        # context and its own KV for earlier draft positions.
+        assert counters.acceptance_rate >= 0.95, counters
+    if name == "K8-ratio-confidence":
+        # Early stop on low confidence: many drafts shorter than K.
+        assert counters.draft_tokens < 0.8 * k * counters.drafts, counters
+    if name == "K1-whole-layers":
+        assert counters.draft_tokens == counters.drafts
+    if name.startswith("swift"):
+        swift = status["swift"]
+        # (A short context window can reach the target matchness: then accelerating.)
+        assert swift["phase"] in ("optimizing", "accelerating") and not swift["error"], swift
+        # The optimizer ran all along and really switched masks mid-run. (Fewer
+        # steps with a suggestion from the Gaussian process every 3rd step: a
+        # step whose candidate is not ready yet drafts without scoring one.)
+        # A max_optimizer_share of 0.5 lets fewer steps score a candidate.
+        assert swift["optimization_steps"] > (25 if name == "swift-K4-optimizing" else 5), swift
+        assert swift["improvements"] >= 1, swift
+        if name == "swift-K4-optimizing":
+            assert swift["bayes_suggestions"] >= 5, swift
+    if name.startswith("self_sd"):
+        assert status["self_sd"]["threshold_updates"] > 20, status["self_sd"]

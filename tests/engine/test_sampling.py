@@ -1,0 +1,182 @@
+"""At temperature 1 the output distribution with `layer_skip` is the target's.
+
+Drafts are sampled from the draft distribution q and vLLM's rejection sampler
+accepts them with probability min(1, p/q), resampling from max(0, p - q)
+otherwise. A bug anywhere in that chain (wrong q handed over, drafts not drawn
+from q, misaligned rows) shifts the distribution of the tokens that follow a
+draft. On a tiny random model with peaked next-token distributions we draw many
+fixed-seed samples with and without speculation and compare the token
+distributions at the drafted positions with a chi-square two-sample test.
+"""
+
+import numpy as np
+import pytest
+from conftest import make_llm
+from scipy.stats import chi2_contingency
+from vllm import SamplingParams
+
+from vllm_layerskip.core.measure import proposer_stats, shutdown, spec_decode_counters
+
+NUM_SAMPLES = 1500
+NUM_TOKENS = 4
+PROMPT = "The old lighthouse keeper"
+# Significance per position; three positions are tested (Bonferroni ~0.003).
+ALPHA = 0.001
+
+
+def sample(llm, temperature=1.0, num_samples=NUM_SAMPLES):
+    params = [SamplingParams(temperature=temperature, max_tokens=NUM_TOKENS, seed=i,
+                             ignore_eos=True) for i in range(num_samples)]
+    outs = llm.generate([PROMPT] * num_samples, params, use_tqdm=False)
+    return np.array([list(o.outputs[0].token_ids) for o in outs])
+
+
+def two_sample_p_value(a: np.ndarray, b: np.ndarray) -> float:
+    """Chi-square test that two samples of token ids come from one distribution.
+    Tokens seen fewer than 10 times in total are pooled into one bin."""
+    tokens, counts = np.unique(np.concatenate([a, b]), return_counts=True)
+    frequent = set(tokens[counts >= 10].tolist())
+    keys = sorted(frequent) + ["rare"]
+    table = np.zeros((2, len(keys)))
+    for row, sample_ in enumerate((a, b)):
+        for t in sample_.tolist():
+            table[row, keys.index(t if t in frequent else "rare")] += 1
+    table = table[:, table.sum(axis=0) > 0]
+    return chi2_contingency(table)[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tiny_model_dir):
+    # Small residual updates: a draft with skipped sub-layers agrees with the
+    # target part of the time, so both accept and reject paths run.
+    return tiny_model_dir("llama", num_layers=4, out_proj_std=0.03)
+
+
+@pytest.fixture(scope="module")
+def plain_samples(tiny_llama):
+    llm = make_llm(tiny_llama, in_process=True, max_model_len=256)
+    samples = {t: sample(llm, t) for t in (1.0, 0.7)}
+    samples["greedy"] = greedy(llm)
+    shutdown(llm)
+    return samples
+
+
+GREEDY_PROMPTS = ["Once upon a time", "The capital of France is", "1, 2, 3, 4,"]
+
+
+def greedy(llm):
+    outs = llm.generate(GREEDY_PROMPTS, SamplingParams(temperature=0, max_tokens=24,
+                                                        ignore_eos=True), use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def _set_fault(worker, spec):
+    """Runs in the worker: change which calls of the fault points raise."""
+    import os
+
+    from vllm_layerskip.core.faults import ENV_VAR
+
+    os.environ[ENV_VAR] = spec
+
+
+def _count_rejection_sampler_calls(worker):
+    """Runs in the worker: count (from zero) the calls of vLLM's rejection sampler."""
+    sampler = worker.model_runner.rejection_sampler
+    original = getattr(sampler, "uncounted_forward", sampler.forward)
+    sampler.uncounted_forward, sampler.calls = original, 0
+
+    def counted(*args, **kwargs):
+        sampler.calls += 1
+        return original(*args, **kwargs)
+
+    sampler.forward = counted
+
+
+def _rejection_sampler_calls(worker):
+    return worker.model_runner.rejection_sampler.calls
+
+
+def test_failed_draft_passes_fall_back_to_plain_decoding(tiny_llama, plain_samples, monkeypatch):
+    """A draft pass that raises costs its step the drafts, not the engine or the
+    output; and a step without drafts samples exactly as plain decoding does
+    (patches/model_runner.py: no rejection sampler there), so seeded requests
+    draw the same tokens as on a plain engine."""
+    from vllm_layerskip.core.faults import ENV_VAR
+
+    monkeypatch.setenv(ENV_VAR, "draft@3")  # read by the engine (call counts are per engine)
+    config = {"method": "layer_skip", "num_speculative_tokens": 3, "adaptive_draft_length": False,
+              **CONFIGS["layer_skip"]}
+    llm = make_llm(tiny_llama, in_process=True, speculative_config=config, max_model_len=256)
+    try:
+        llm.collective_rpc(_count_rejection_sampler_calls)
+        assert greedy(llm) == plain_samples["greedy"]
+        once = proposer_stats(llm)
+        before = spec_decode_counters(llm)
+        verify_calls_while_drafting = llm.collective_rpc(_rejection_sampler_calls)[0]
+        llm.collective_rpc(_set_fault, args=("draft",))  # from now on every pass fails
+        llm.collective_rpc(_count_rejection_sampler_calls)
+        spec = sample(llm, 1.0, num_samples=300)
+        always = proposer_stats(llm)
+        after = spec_decode_counters(llm)
+        verify_calls_without_drafts = llm.collective_rpc(_rejection_sampler_calls)[0]
+    finally:
+        shutdown(llm)
+    # One failed pass, then drafting went on.
+    assert once["draft_failures"] == 1, once
+    assert "InjectedFault" in once["last_draft_error"], once
+    assert once["num_draft_tokens"] > 0 and before.draft_tokens > 0, once
+    # Without early exit every row a draft forward runs drafts a token.
+    assert once["num_rows_run"] == once["num_draft_tokens"], once
+    # Every pass failed: no drafts reached vLLM, and the seeded samples are the
+    # plain engine's, token for token.
+    assert always["draft_failures"] > 1 and always["num_draft_tokens"] == once["num_draft_tokens"]
+    assert after.draft_tokens == before.draft_tokens, (before, after)
+    assert spec.tolist() == plain_samples[1.0][:300].tolist()
+    # Steps without drafts skip vLLM's rejection sampler (its T > 0 path draws
+    # noise over the whole vocabulary for nothing); steps with drafts use it.
+    assert verify_calls_while_drafting > 0
+    assert verify_calls_without_drafts == 0
+
+
+CONFIGS = {
+    "layer_skip": {"method": "layer_skip", "skip_attn": [1], "skip_mlp": [2]},
+    # SWIFT re-chooses its set while sampling (a 1-token context window: every
+    # step scores a candidate); no confidence stop, so drafts are long enough.
+    "swift": {"method": "swift", "skip_ratio": 0.5, "context_window": 1,
+              "draft_confidence_threshold": 0.0, "patience": 100000,
+              "max_optimizer_share": 1.0},
+}
+
+
+@pytest.mark.parametrize("method", list(CONFIGS))
+def test_sampling_distribution_matches_plain(tiny_llama, plain_samples, method):
+    config = {"num_speculative_tokens": 3, "adaptive_draft_length": False, **CONFIGS[method]}
+    llm = make_llm(tiny_llama, in_process=True, speculative_config=config, max_model_len=256)
+    try:
+        spec = sample(llm, 1.0)
+        counters = spec_decode_counters(llm)
+        status = proposer_stats(llm)
+    finally:
+        shutdown(llm)
+    if method == "swift":
+        # ~1500 requests of 4 tokens run in a few waves of 4 steps each: every
+        # step scored a candidate.
+        assert status["swift"]["optimization_steps"] >= 10, status["swift"]
+
+    plain = plain_samples[1.0]
+    # The rejection path really ran: drafts were proposed, some rejected.
+    assert counters.draft_tokens > NUM_SAMPLES
+    assert 0.05 < counters.acceptance_rate < 0.95, counters
+
+    for pos in range(1, NUM_TOKENS):  # position 0 comes from the prefill, no draft
+        p = two_sample_p_value(plain[:, pos], spec[:, pos])
+        assert p > ALPHA, f"token distribution at position {pos} differs (p={p:.2e})"
+
+
+def test_distribution_test_has_power(plain_samples):
+    """The same test tells temperature 1 from temperature 0.7 apart."""
+    p_values = [
+        two_sample_p_value(plain_samples[1.0][:, pos], plain_samples[0.7][:, pos])
+        for pos in range(1, NUM_TOKENS)
+    ]
+    assert min(p_values) < 1e-6, p_values

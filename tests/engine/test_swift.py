@@ -1,0 +1,135 @@
+"""SWIFT on real engines: what it learns on SmolLM2 is better than where it
+started, its scoring pass leaves the KV cache untouched, and a failing
+optimizer thread leaves serving running with the last good set."""
+
+import pytest
+import torch
+from conftest import make_llm
+from vllm import SamplingParams
+
+from vllm_layerskip.core.faults import ENV_VAR
+from vllm_layerskip.core.measure import (
+    chat_prompts,
+    load_spec_bench,
+    proposer_stats,
+    shutdown,
+    spec_decode_counters,
+)
+
+MAX_MODEL_LEN = 1024
+KV_CHECKS = 8  # scoring passes whose KV cache bytes are compared (1 GiB clones)
+
+
+def _install_kv_check(worker):
+    """Wrap the drafter's scoring pass: compare every KV cache tensor before
+    and after the first KV_CHECKS calls."""
+    drafter = worker.model_runner.drafter
+    engine = drafter.engine
+    original = engine.score
+    drafter.kv_check_results = []
+
+    def checked(runner, windows, mask):
+        if len(drafter.kv_check_results) >= KV_CHECKS:
+            return original(runner, windows, mask)
+        before = [t.clone() for t in runner.kv_caches]
+        out = original(runner, windows, mask)
+        same = all(torch.equal(a, b) for a, b in zip(before, runner.kv_caches))
+        drafter.kv_check_results.append((same, windows.num_tokens))
+        return out
+
+    engine.score = checked
+
+
+def _kv_check_results(worker):
+    return worker.model_runner.drafter.kv_check_results
+
+
+def _generate(llm, questions, max_tokens):
+    prompts = chat_prompts(llm, questions)
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens),
+                        use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+@pytest.fixture(scope="module")
+def questions():
+    qs = [q["prompt"] for q in load_spec_bench(per_category=4)]
+    return {"train": qs[0::2], "held_out": qs[1::2][:8]}
+
+
+@pytest.fixture(scope="module")
+def learned(smollm2_path, questions):
+    """SWIFT with the paper's defaults (r 0.45, gamma 32, a candidate scored
+    every step), run over 16 prompts."""
+    config = {"method": "swift", "num_speculative_tokens": 4, "adaptive_draft_length": False,
+              "max_optimizer_share": 1.0}
+    llm = make_llm(smollm2_path, in_process=True, speculative_config=config,
+                   max_model_len=MAX_MODEL_LEN)
+    try:
+        llm.collective_rpc(_install_kv_check)
+        _generate(llm, questions["train"], 128)
+        status = proposer_stats(llm)
+        kv_checks = llm.collective_rpc(_kv_check_results)[0]
+    finally:
+        shutdown(llm)
+    return status["swift"], kv_checks
+
+
+def test_scoring_pass_leaves_kv_cache_untouched(learned):
+    _, kv_checks = learned
+    assert len(kv_checks) == KV_CHECKS
+    assert all(n >= 32 for _, n in kv_checks), kv_checks  # real windows were scored
+    assert all(same for same, _ in kv_checks), kv_checks
+
+
+def test_learned_set_beats_the_initial_uniform_set(smollm2_path, questions, learned):
+    swift, _ = learned
+    assert swift["optimization_steps"] >= 60 and swift["improvements"] >= 1, swift
+    # Matchness on the generated text (measured runs: initial ~0.3, best ~0.6).
+    assert swift["best_matchness"] > swift["initial_matchness"] + 0.1, swift
+
+    # Draft with each set, fixed, on held-out prompts.
+    results = {}
+    for name, sets in (("learned", swift["best_set"]), ("initial", swift["initial_set"])):
+        assert len(sets["skip_attn"]) + len(sets["skip_mlp"]) == swift["num_skipped"]
+        config = {"method": "layer_skip", "num_speculative_tokens": 4,
+                  "adaptive_draft_length": False, **sets}
+        llm = make_llm(smollm2_path, in_process=True, speculative_config=config,
+                       max_model_len=MAX_MODEL_LEN)
+        try:
+            _generate(llm, questions["held_out"], 64)
+            results[name] = spec_decode_counters(llm)
+        finally:
+            shutdown(llm)
+    learned_c, initial_c = results["learned"], results["initial"]
+    print({k: (c.mean_acceptance_length, c.acceptance_rate) for k, c in results.items()})
+    search = {k: swift[k] for k in ("optimization_steps", "improvements", "bayes_suggestions",
+                                     "initial_matchness", "best_matchness")}
+    assert learned_c.mean_acceptance_length > initial_c.mean_acceptance_length + 0.1, (results, search)
+    assert learned_c.acceptance_rate > initial_c.acceptance_rate + 0.03, (results, search)
+
+
+def test_optimizer_thread_failure_keeps_serving(smollm2_path, questions, monkeypatch):
+    qs = questions["held_out"][:4]
+    plain = make_llm(smollm2_path, in_process=True, max_model_len=MAX_MODEL_LEN)
+    try:
+        expected = _generate(plain, qs, 48)
+    finally:
+        shutdown(plain)
+    # The engine reads the fault setting from the environment: the optimizer thread raises
+    # on its 4th job, while requests are in flight.
+    monkeypatch.setenv(ENV_VAR, "swift.optimizer@4")
+    config = {"method": "swift", "num_speculative_tokens": 4, "context_window": 4,
+              "adaptive_draft_length": False}
+    llm = make_llm(smollm2_path, in_process=True, speculative_config=config,
+                   max_model_len=MAX_MODEL_LEN)
+    try:
+        first = _generate(llm, qs, 48)
+        second = _generate(llm, qs, 48)  # the engine still serves afterwards
+        swift = proposer_stats(llm)["swift"]
+        counters = spec_decode_counters(llm)
+    finally:
+        shutdown(llm)
+    assert first == expected and second == expected
+    assert swift["phase"] == "stopped" and "fault injected" in swift["error"], swift
+    assert counters.drafts > 50  # drafting went on with the last good set

@@ -1,0 +1,221 @@
+"""The benchmark's statistics: the paired speedup interval and the batch-1
+blocks it rests on (no engine: turns are built by hand)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks"))
+
+from benchlib.figures import ALL, speedup_intervals  # noqa: E402
+from benchlib.report import floor_check  # noqa: E402
+from benchlib.workloads import latency_blocks, warmup_questions  # noqa: E402
+
+WORKLOAD = "batch 1, T=0"
+
+
+def turns_for(plain_seconds, config_seconds, config="method", categories=None, tokens=64):
+    """One block per question; plain and the config ran each block back to back."""
+    categories = categories or ["writing"] * len(plain_seconds)
+    turns = []
+    for b, (p, c, cat) in enumerate(zip(plain_seconds, config_seconds, categories)):
+        for name, family, seconds in (("plain", "plain", p), (config, "plugin", c)):
+            turns.append({"group": 0, "workload": WORKLOAD, "block": b, "category": cat,
+                          "config": name, "family": family, "num_tokens": tokens,
+                          "seconds": seconds})
+    return turns
+
+
+def test_interval_covers_the_point_speedup_and_shrinks_with_more_questions():
+    rng = np.random.default_rng(1)
+    plain = 4.0 * np.exp(rng.normal(0, 0.08, 40))  # machine noise per question
+    method = plain / 0.97 * np.exp(rng.normal(0, 0.03, 40))  # 3% slower, paired
+    few = speedup_intervals(turns_for(plain[:4], method[:4]))[(WORKLOAD, "writing", "method")]
+    many = speedup_intervals(turns_for(plain, method))[(WORKLOAD, "writing", "method")]
+    point = plain.sum() / method.sum()
+    assert many[0] < point < many[1]
+    assert many[0] < 0.97 < many[1]
+    assert many[1] - many[0] < few[1] - few[0]
+    assert many[1] - many[0] < 0.05
+
+
+def test_interval_is_paired_drift_shared_by_both_engines_cancels():
+    # The machine slows down 2x half way through; the config is always 10% slower
+    # than plain on the same question. Unpaired, the spread would be huge.
+    plain = np.array([4.0] * 5 + [8.0] * 5)
+    low, high = speedup_intervals(turns_for(plain, plain * 1.1))[(WORKLOAD, "writing", "method")]
+    assert low == pytest.approx(1 / 1.1) and high == pytest.approx(1 / 1.1)
+
+
+def test_all_categories_resample_within_each_category():
+    cats = ["writing"] * 3 + ["rag"] * 3
+    plain = [4.0, 4.0, 4.0, 8.0, 8.0, 8.0]
+    method = [4.0, 4.0, 4.0, 10.0, 10.0, 10.0]  # rag 20% slower
+    got = speedup_intervals(turns_for(plain, method, categories=cats))
+    assert got[(WORKLOAD, "writing", "method")] == pytest.approx((1.0, 1.0))
+    assert got[(WORKLOAD, "rag", "method")] == pytest.approx((0.8, 0.8))
+    # Every resample keeps 3 writing and 3 rag questions: the ALL interval is one
+    # value, not a spread from drawing more of one category than the other.
+    low, high = got[(WORKLOAD, ALL, "method")]
+    assert low == pytest.approx(high)
+    assert low == pytest.approx(sum(plain) / sum(method))  # equal tokens: a ratio of times
+
+
+def test_one_question_per_category_is_not_called_exact():
+    # With a single question in each category, resampling within categories has
+    # nothing to draw from; the ALL interval must still show the spread.
+    cats = ["writing", "rag", "qa", "math"]
+    got = speedup_intervals(turns_for([4.0, 4.0, 4.0, 4.0], [4.0, 5.0, 3.6, 4.4],
+                                      categories=cats))
+    low, high = got[(WORKLOAD, ALL, "method")]
+    assert high - low > 0.05
+
+
+def test_no_interval_from_one_question_and_none_for_plain():
+    got = speedup_intervals(turns_for([4.0], [4.1]))
+    assert (WORKLOAD, "writing", "method") not in got
+    assert not any(key[2] == "plain" for key in speedup_intervals(turns_for([4, 5], [4, 5])))
+
+
+def test_batch1_blocks_are_one_call_each_question_major():
+    questions = [{"category": cat, "rank": r} for cat in ("a", "b") for r in range(3)]
+    blocks = latency_blocks(questions, per_category=2)
+    assert [(b.category, b.questions) for b in blocks] == [("a", [0]), ("b", [3]),
+                                                           ("a", [1]), ("b", [4])]
+    paired = latency_blocks(questions, per_category=3, batch_size=2)
+    assert [(b.category, b.questions) for b in paired] == [("a", [0, 1]), ("b", [3, 4]),
+                                                           ("a", [2]), ("b", [5])]
+
+
+def test_warmup_uses_questions_outside_the_timed_set():
+    questions = [{"category": c, "rank": r, "prompt": "x" * (10 - i)}
+                 for i, (c, r) in enumerate((c, r) for c in ("a", "b") for r in range(3))]
+    timed = {0, 1, 3, 4}
+    assert warmup_questions(questions, timed, 2) == [5, 2]  # shortest first
+    # Too few others: topped up from the timed ones, never repeated.
+    assert warmup_questions(questions, timed, 4) == [5, 2, 0, 1]
+
+
+def test_floor_check_names_categories_clearly_below():
+    def row(config, cat, speedup, low, high):
+        return {"workload": WORKLOAD, "config": config, "category": cat, "group": 0,
+                "speedup": speedup, "speedup_low": low, "speedup_high": high}
+
+    rows = [row("method", "writing", 1.01, 0.97, 1.05), row("method", "rag", 0.90, 0.86, 0.93),
+            row("method", "qa", 0.96, 0.93, 0.99), row("plain", "writing", 1.0, None, None)]
+    table = floor_check(rows, WORKLOAD, ["plain", "method"], ["writing", "rag", "qa"])
+    lines = table.splitlines()
+    assert len(lines) == 3  # header, rule, method: plain has no row
+    assert lines[2] == "| method | 0.90 (rag, 0.86-0.93) | 2/3 | 1/3 | rag |"
+
+
+def test_turn_figures_of_the_cost_model_from_its_cumulative_summary():
+    from benchlib.engines import diff_stats
+
+    before = {"cost_model": {"steps": 100, "drafting_fraction": 0.1, "mean_draft_length": 2.0}}
+    # 50 more steps, 10 of them drafting 4 tokens each: 20 drafting steps, 60 tokens chosen.
+    after = {"cost_model": {"steps": 150, "drafting_fraction": 20 / 150,
+                            "mean_draft_length": 60 / 20}}
+    turn = diff_stats(after, before)["cost_model"]
+    assert (turn["turn_steps"], turn["turn_drafting_steps"], turn["turn_draft_length_sum"]) \
+        == (50, 10, 40)
+
+
+def test_every_engine_group_has_plain_and_the_aa_control():
+    # With more methods than engines fit in memory, each group gets its own
+    # plain engine and A/A control, so each group's noise floor is measured.
+    from benchlib.configs import Config, engine_groups
+    from benchlib.figures import plain_name
+
+    plain = Config("plain", "plain", None, family="plain")
+    control = Config("plain (A/A control)", "plain", None, family="control")
+    methods = [Config(m, m, {"method": m}) for m in ("layer_skip", "swift", "clasp", "self_sd")]
+    groups = engine_groups([plain, control, *methods], max_alive=4)
+    assert [[c.name for c in g] for g in groups] == [
+        ["plain", "plain (A/A control)", "layer_skip", "swift"],
+        ["plain", "plain (A/A control)", "clasp", "self_sd"],
+    ]
+    assert engine_groups([plain, *methods], max_alive=4)[0] == [plain, *methods[:3]]
+    # Engines are renamed by group when they start: two references, two controls.
+    assert plain_name(1) == "plain [group 2]"
+    assert plain_name(1, control.name) == "plain (A/A control) [group 2]"
+
+
+def test_identity_padded_model_computes_the_base_model(tiny_model_dir):
+    # The benchmark's sanity model for "a fixed draft length beats plain": an
+    # identity layer after each layer leaves the logits bit for bit the base
+    # model's, so the draft that skips the inserted layers is the base model.
+    import torch
+    from benchlib.padded_model import ensure_padded_model, identity_layers
+    from transformers import AutoModelForCausalLM
+
+    base = tiny_model_dir("llama")
+    padded = ensure_padded_model(base)
+    assert ensure_padded_model(base) == padded  # cached
+    models = [AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).eval()
+              for p in (base, padded)]
+    assert models[1].config.num_hidden_layers == 2 * models[0].config.num_hidden_layers
+    assert identity_layers(2) == [1, 3]
+    ids = torch.randint(0, models[0].config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        base_logits, padded_logits = (m(ids).logits for m in models)
+    assert torch.equal(base_logits, padded_logits)
+    # ... and not because the padding is inert everywhere: the inserted layers
+    # carry copies of real weights, only their output projections are zero.
+    inserted = models[1].model.layers[1]
+    assert torch.equal(inserted.self_attn.q_proj.weight, models[0].model.layers[0].self_attn.q_proj.weight)
+    assert not inserted.self_attn.o_proj.weight.any() and not inserted.mlp.down_proj.weight.any()
+
+
+def test_serve_speedups_are_over_each_groups_plain_server():
+    # The A/A control's name starts with "plain" too; it must not become the
+    # reference of the rows after it.
+    from bench_serve import summarize
+    from benchlib.figures import plain_name
+
+    def run(tokens):
+        return [{"total_output_tokens": tokens, "duration": 1.0, "completed": 1,
+                 "mean_tpot_ms": 1.0, "mean_ttft_ms": 1.0}]
+    names = ["plain", plain_name(0, "plain (A/A control)"), "swift",
+             plain_name(1), plain_name(1, "plain (A/A control)"), "clasp"]
+    results = dict(zip(names, map(run, [100, 90, 120, 50, 50, 40])))
+    speedups = {r["config"]: round(r["speedup"], 3) for r in summarize(results, names)}
+    assert speedups == {"plain": 1.0, "plain (A/A control)": 0.9, "swift": 1.2,
+                        "plain [group 2]": 1.0, "plain (A/A control) [group 2]": 1.0, "clasp": 0.8}
+
+
+def test_pooled_runs_pair_each_question_with_its_own_runs_plain():
+    # Two runs: in the second the method sat in engine group 2, beside that
+    # group's plain engine ("plain [group 2]"). Pooled, each question is paired
+    # with plain's turn of its own run and group, and the names are merged.
+    from pool_runs import pooled_speedups, pooled_turns
+
+    def turn(group, block, config, seconds, family="spec", category="qa"):
+        return {"group": group, "workload": WORKLOAD, "block": block, "category": category,
+                "config": config, "family": family, "num_tokens": 64, "seconds": seconds}
+    run_a = [turn(0, 0, "plain", 4.0, "plain"), turn(0, 0, "swift", 5.0)]
+    run_b = [turn(0, 0, "plain", 1.0, "plain"), turn(1, 0, "plain [group 2]", 2.0, "plain"),
+             turn(1, 0, "swift [group 2]", 2.0)]
+    speedups = pooled_speedups(pooled_turns([run_a, run_b]))
+    # swift: 128 tokens in 7 s; plain on the same blocks: 128 tokens in 4 + 2 s
+    # (run b's group-1 plain, not its faster group-0 one).
+    assert speedups[(WORKLOAD, "qa", "swift")] == (pytest.approx(6 / 7), 2)
+    assert speedups[(WORKLOAD, ALL, "swift")] == speedups[(WORKLOAD, "qa", "swift")]
+    assert set(key[2] for key in speedups) == {"swift"}
+
+
+def test_pooling_refuses_a_file_that_is_not_a_benchmark_result(tmp_path):
+    from pool_runs import load_turns
+
+    wrong = tmp_path / "load.json"
+    wrong.write_text('{"rows": []}')  # e.g. a load_test.py result
+    with pytest.raises(SystemExit, match=r"load.json: not a bench_methods.py result .*KeyError"):
+        load_turns(str(wrong))
+    broken = tmp_path / "cut.json"
+    broken.write_text('{"turns": [')
+    with pytest.raises(SystemExit, match=r"cut.json: not a bench_methods.py result .*pass the .json"):
+        load_turns(str(broken))

@@ -1,0 +1,276 @@
+"""The draft-length policy (cost_model.py) on synthetic costs and acceptance."""
+
+import numpy as np
+import pytest
+
+from vllm_layerskip.core.cost_model import (
+    PROBE_LENGTH, PROBE_ROWS, DraftLengthPolicy, LinearCost, PositionAcceptance, expected_tokens,
+)
+
+
+def test_expected_tokens_follows_the_chain_of_acceptances():
+    rates = np.array([0.8, 0.5, 0.5])
+    assert expected_tokens(rates, 0) == 1.0
+    assert expected_tokens(rates, 1) == pytest.approx(1.8)
+    assert expected_tokens(rates, 3) == pytest.approx(1 + 0.8 + 0.4 + 0.2)
+
+
+def test_position_acceptance_counts_up_to_the_first_rejection():
+    acc = PositionAcceptance(max_k=4, decay=1.0, prior_weight=0.0)
+    acc.observe(4, 2)  # positions 1, 2 accepted, 3 rejected, 4 never verified
+    acc.observe(4, 4)
+    acc.observe(2, 0)
+    assert acc.offered.tolist() == [3, 2, 2, 1]
+    assert acc.accepted.tolist() == [2, 2, 1, 1]
+    assert acc.rates().tolist() == [2 / 3, 1.0, 0.5, 1.0]
+
+
+def test_linear_cost_fits_and_extrapolates():
+    cost = LinearCost()
+    for n in (1, 5, 1, 5):
+        cost.add(n, 0.010 + 0.002 * n)
+    assert cost.predict(3) == pytest.approx(0.016)
+    single = LinearCost()
+    single.add(4, 0.04)
+    assert single.predict(8) == pytest.approx(0.08)  # proportional until a 2nd size
+
+
+def test_linear_cost_refits_after_every_sample():
+    # The fit is cached between samples: a new sample must still move it.
+    cost = LinearCost(window=4)
+    for n in (1, 3, 1, 3):
+        cost.add(n, 0.01 * n)
+    assert cost.predict(5) == pytest.approx(0.05)
+    for n in (1, 3, 1, 3):  # the window now holds only these: cost falls with size
+        cost.add(n, 0.04 - 0.01 * n)
+    assert cost.predict(5) == pytest.approx(0.02)  # no negative slope: the mean
+
+
+def test_linear_cost_window_fit_matches_least_squares_after_evictions():
+    # The line comes from running sums over the window: after many samples
+    # (evictions, periodic recounts) it must still be the window's own fit.
+    rng = np.random.default_rng(3)
+    cost = LinearCost(window=16)
+    for step in range(1, 200):
+        size = int(rng.integers(1, 33))
+        cost.add(size, 0.03 + 0.001 * size + rng.normal(0, 0.002))
+        if step >= 2 and step % 7 == 0:
+            x, y = np.array(cost.samples).T
+            slope, intercept = np.polyfit(x, y, 1)
+            expected = intercept + slope * 10 if slope > 0 else y.mean()  # no falling cost
+            assert cost.predict(10) == pytest.approx(expected, rel=1e-9)
+
+
+def simulate(policy, steps, verify, draft, rates, num_reqs=1, rng=None):
+    """Drive the policy like the proposer does, with synthetic timings/acceptance."""
+    rng = rng or np.random.default_rng(0)
+    chosen = []
+    for _ in range(steps):
+        k, rows = policy.choose(num_reqs)
+        chosen.append(k)
+        if k:
+            policy.observe_draft(rows, draft(rows))
+            for _ in range(rows):
+                accepted = 0
+                while accepted < k and rng.random() < rates[accepted]:
+                    accepted += 1
+                policy.observe_acceptance(k, accepted)
+        policy.observe_verify(num_reqs + rows * k, verify(num_reqs + rows * k))
+    return chosen
+
+
+def realized_throughput(steps, verify, draft, rates, num_reqs=1, fixed_k=None, noise=0.05,
+                        seed=0):
+    """Tokens per second of a simulated run: the cost model choosing each step's
+    draft length (fixed_k None) or a fixed length, timings with multiplicative
+    noise, acceptance drawn per request from the per-position rates."""
+    rng = np.random.default_rng(seed)
+    policy = DraftLengthPolicy(max_k=len(rates)) if fixed_k is None else None
+    tokens = seconds = 0.0
+    for _ in range(steps):
+        k, rows = policy.choose(num_reqs) if policy else (fixed_k, num_reqs)
+        draft_seconds = draft(rows) * float(np.exp(rng.normal(0, noise))) if k else 0.0
+        verify_seconds = verify(num_reqs + rows * k) * float(np.exp(rng.normal(0, noise)))
+        seconds += k * draft_seconds + verify_seconds
+        tokens += num_reqs
+        for _ in range(rows if k else 0):
+            accepted = 0
+            while accepted < k and rng.random() < rates[accepted]:
+                accepted += 1
+            tokens += accepted
+            if policy:
+                policy.observe_acceptance(k, accepted)
+        if policy:
+            if k:
+                policy.observe_draft(rows, draft_seconds)
+            policy.observe_verify(num_reqs + rows * k, verify_seconds)
+    return tokens / seconds
+
+
+# (verify seconds of n tokens, draft forward seconds of b rows, acceptance by position, batch)
+COST_REGIMES = {
+    # Small-batch GPU decoding: extra verify tokens nearly free, cheap draft.
+    "gpu batch 1, high acceptance": (lambda n: 0.020 + 0.0002 * n, lambda b: 0.004,
+                                     [0.9, 0.9, 0.85, 0.85], 1),
+    "gpu batch 1, middling acceptance": (lambda n: 0.020 + 0.0002 * n, lambda b: 0.005,
+                                         [0.7, 0.55, 0.45, 0.4], 1),
+    # Verification no longer free under batch load: a short draft is best.
+    "loaded batch 16": (lambda n: 0.030 + 0.0012 * n, lambda b: 0.008 + 0.0002 * b,
+                        [0.8, 0.6, 0.5, 0.4], 16),
+    # A GPU serving 64 requests: the verify pass grows with tokens but drafting
+    # still pays; probes draft for a few requests, decisions for all of them.
+    "gpu batch 64": (lambda n: 0.030 + 0.00008 * n, lambda b: 0.005 + 0.00002 * b,
+                     [0.85, 0.75, 0.7, 0.6], 64),
+    # This CPU: every extra token costs a step's share, drafts cost 0.7 of a step.
+    "cpu batch 1": (lambda n: 0.024 * n, lambda b: 0.017 * b, [0.3, 0.2, 0.2, 0.2], 1),
+}
+
+
+@pytest.mark.parametrize("regime", list(COST_REGIMES))
+def test_cost_model_keeps_95_percent_of_the_best_fixed_length(regime):
+    # The issue's targets in simulation: never below 0.95x plain decoding, and
+    # where a fixed draft length beats plain, at least 95% of the best one's speed.
+    verify, draft, rates, batch = COST_REGIMES[regime]
+    fixed = {k: realized_throughput(2000, verify, draft, rates, batch, fixed_k=k)
+             for k in range(len(rates) + 1)}
+    adaptive = realized_throughput(2000, verify, draft, rates, batch)
+    best_k = max(fixed, key=fixed.get)
+    assert adaptive >= 0.95 * fixed[best_k], (regime, adaptive / fixed[0], fixed)
+    assert adaptive >= 0.95 * fixed[0], (regime, adaptive / fixed[0])
+
+
+def test_cpu_like_costs_turn_drafting_off_with_rare_probes():
+    # Verify cost grows with every token and drafts cost 0.7 of a step: never pays.
+    policy = DraftLengthPolicy(max_k=4, probe_interval=16)
+    chosen = simulate(policy, 2000, verify=lambda n: 0.024 * n, draft=lambda b: 0.017 * b,
+                      rates=[0.3, 0.2, 0.2, 0.2])
+    late = chosen[200:]
+    assert sum(k > 0 for k in late) / len(late) < 0.01
+    assert max(late) <= 2  # only short probes
+
+
+def test_gpu_like_costs_draft_at_full_length():
+    # Verify nearly free per extra token, cheap draft, high acceptance: K pays.
+    policy = DraftLengthPolicy(max_k=4)
+    chosen = simulate(policy, 300, verify=lambda n: 0.020 + 0.0002 * n, draft=lambda b: 0.004,
+                      rates=[0.9, 0.9, 0.85, 0.85])
+    assert np.mean(chosen[50:]) > 3.5
+
+
+def test_intermediate_costs_pick_an_intermediate_length():
+    policy = DraftLengthPolicy(max_k=6)
+    chosen = simulate(policy, 400, verify=lambda n: 0.020 + 0.001 * n, draft=lambda b: 0.006,
+                      rates=[0.8, 0.6, 0.4, 0.3, 0.2, 0.1])
+    assert 1 <= np.median(chosen[100:]) <= 4
+
+
+def test_drafting_resumes_when_acceptance_recovers():
+    policy = DraftLengthPolicy(max_k=4, probe_interval=4, max_probe_interval=16)
+    verify, draft = (lambda n: 0.020 + 0.001 * n), (lambda b: 0.004)
+    off = simulate(policy, 300, verify, draft, rates=[0.05] * 4)
+    assert np.mean([k > 0 for k in off[100:]]) < 0.3
+    on = simulate(policy, 300, verify, draft, rates=[0.95] * 4)
+    assert np.mean(on[150:]) > 3
+
+
+def test_idle_gaps_are_not_taken_for_step_cost():
+    policy = DraftLengthPolicy(max_k=4)
+    for _ in range(20):
+        policy.observe_verify(5, 0.05)
+    policy.observe_verify(5, 30.0)  # the engine sat idle between requests
+    assert policy.verify_cost.predict(5) == pytest.approx(0.05)
+
+
+def test_no_drafting_on_a_guess_while_prompts_are_prefilled():
+    # A server hit by many requests at once: its first steps all run prompt
+    # chunks, so no verify step has been timed. Drafting K there for every
+    # request took the prompts' token budget (load test: 10 such steps).
+    policy = DraftLengthPolicy(max_k=4)
+    assert [policy.choose(58, prefilling=True).length for _ in range(10)] == [0] * 10
+    # The first plain decode step is timed; drafting (warm-up) starts after it,
+    # short and for a few of the requests.
+    policy.observe_verify(58, 0.2)
+    assert policy.choose(58, prefilling=False) == (PROBE_LENGTH, PROBE_ROWS)
+    # Once something is measured, steps with prompt chunks are decided as others.
+    policy.observe_draft(58, 0.1)
+    policy.observe_verify(58 * 5, 0.9)
+    assert policy.choose(58, prefilling=True) == policy.choose(58, prefilling=False)
+
+
+def test_probes_draft_for_a_few_requests_of_a_large_batch():
+    # The load test's cold start: at 58 requests on this CPU a step drafting for
+    # every request cost several plain steps. The first steps and the probes
+    # draft for PROBE_ROWS or 2 * PROBE_ROWS requests (two sizes, so the draft
+    # cost's line is measured), the rest of the batch decodes plainly.
+    policy = DraftLengthPolicy(max_k=4, probe_interval=4)
+    plans = []
+    for _ in range(200):
+        plan = policy.choose(58)
+        plans.append(plan)
+        if plan.length:
+            policy.observe_draft(plan.rows, 0.017 * plan.rows)
+            for _ in range(plan.rows):
+                policy.observe_acceptance(plan.length, 0)
+        policy.observe_verify(58 + plan.rows * plan.length, 0.024 * (58 + plan.rows * plan.length))
+    drafting = [plan for plan in plans if plan.length]
+    assert [plan.rows for plan in drafting[:4]] == [PROBE_ROWS, 2 * PROBE_ROWS] * 2
+    assert len(drafting) >= 6 and all(plan.rows <= 2 * PROBE_ROWS for plan in drafting)
+    # A small batch probes with all of its requests.
+    assert DraftLengthPolicy(max_k=4).choose(3) == (PROBE_LENGTH, 3)
+
+
+def test_probe_rows_rotate_over_the_batch():
+    # Which requests a probe drafts for moves on from probe to probe, so the
+    # acceptance estimate is not one request's; the others keep budget 0.
+    from vllm_layerskip.core.draft_engine import DraftRequests
+    from vllm_layerskip.core.proposer import LayerSkipProposerBase
+
+    proposer = object.__new__(LayerSkipProposerBase)  # no engine: only the row choice
+    proposer._probe_offset = 0
+    probed = []
+    for num_rows in (4, 8, 4):
+        n = 10
+        requests = DraftRequests(np.arange(n), np.zeros(n, dtype=np.int64),
+                                 np.zeros(n, dtype=np.int64), np.full(n, 2),
+                                 np.zeros(n, dtype=np.float32))
+        proposer._limit_to_probe_rows(requests, num_rows)
+        assert set(requests.budget.tolist()) == {0, 2}
+        probed.append(np.flatnonzero(requests.budget).tolist())
+    assert probed == [[0, 1, 2, 3], [0, 1, 4, 5, 6, 7, 8, 9], [2, 3, 4, 5]]
+
+
+def test_a_draft_as_slow_as_a_plain_step_is_probed_with_one_token():
+    # AdaDecode's exit heads here: a draft forward costs 1.3 plain steps at
+    # batch 1 (3.7 at 8 requests). No acceptance rate pays for that, so once
+    # one step has measured it the policy ends its first steps and probes
+    # with one draft token, which is all it takes to see the draft get cheaper.
+    verify = lambda n: 0.020 + 0.004 * n  # noqa: E731 - a plain step: 24 ms
+    policy = DraftLengthPolicy(max_k=4, probe_interval=4, max_probe_interval=16)
+    slow = simulate(policy, 300, verify, draft=lambda b: 0.040, rates=[0.95] * 4)
+    assert slow[0] == PROBE_LENGTH
+    assert slow[1:policy.warmup_steps] == [0] * (policy.warmup_steps - 1)
+    probes = [k for k in slow[4:] if k]
+    assert len(probes) >= 10 and set(probes) == {1}
+    assert not policy.draft_can_pay(1)
+    # Once drafts get cheap (a better skip set), the probes' one-token drafts
+    # move the draft cost line down (within a few probes: the line averages its
+    # last 32 samples), and with acceptance this high drafting comes back on.
+    cheap = simulate(policy, 600, verify, draft=lambda b: 0.006, rates=[0.95] * 4)
+    assert policy.draft_can_pay(1) and np.mean(cheap[400:]) > 3
+
+
+def test_a_cost_line_from_one_size_never_overstates_the_draft_to_step_ratio():
+    # GPU at batch 1: verifying 3 tokens costs about a plain step, a draft
+    # forward 0.6 of one. During warm-up the verify line has seen 3-token steps
+    # only; proportional extrapolation down to 1 token would make the plain step
+    # look 3x cheaper (d/v 1.8: "cannot pay"). Read at the seen size instead.
+    policy = DraftLengthPolicy(max_k=4)
+    plans = []
+    for _ in range(policy.warmup_steps):
+        plan = policy.choose(1)
+        plans.append(plan)
+        policy.observe_draft(1, 0.012)
+        policy.observe_verify(1 + plan.length, 0.020 + 0.0002 * (1 + plan.length))
+    assert plans == [(PROBE_LENGTH, 1)] * policy.warmup_steps
+    assert policy.verify_cost.single_size == 1 + PROBE_LENGTH
+    assert policy.draft_can_pay(1)

@@ -1,0 +1,123 @@
+"""Option parsing and skip-mask construction (pure functions, no engine)."""
+
+import pytest
+
+from vllm_layerskip.core.errors import LayerSkipConfigError
+from vllm_layerskip.core.skip_mask import SkipMask, uniform_skip_sets
+from vllm_layerskip.methods.clasp.options import ClaspOptions
+from vllm_layerskip.methods.layer_skip.options import LayerSkipOptions, build_mask
+from vllm_layerskip.methods.registry import split_speculative_config
+
+VLLM_KEYS = {"method", "num_speculative_tokens", "model", "enforce_eager"}
+
+
+@pytest.mark.parametrize("num_layers,ratio", [(30, 0.3), (30, 0.5), (8, 0.2), (4, 0.9)])
+def test_uniform_set_size_and_first_last_kept(num_layers, ratio):
+    attn, mlp = uniform_skip_sets(num_layers, ratio)
+    expected = min(round(ratio * 2 * num_layers), 2 * (num_layers - 2))
+    assert len(attn) + len(mlp) == expected
+    assert not {0, num_layers - 1} & (attn | mlp)
+
+
+def test_uniform_set_is_spread_evenly():
+    attn, mlp = uniform_skip_sets(30, 0.5)
+    # Sub-layer index: 2 * layer for attention, 2 * layer + 1 for MLP. 30 of the
+    # 56 candidates (layers 1..28): consecutive picks are 1 or 2 apart.
+    chosen = sorted([2 * i for i in attn] + [2 * i + 1 for i in mlp])
+    assert len(chosen) == 30
+    gaps = {b - a for a, b in zip(chosen, chosen[1:])}
+    assert gaps <= {1, 2}
+    assert chosen[0] <= 3 and chosen[-1] >= 2 * 28
+
+
+def test_zero_ratio_skips_nothing():
+    assert uniform_skip_sets(30, 0.0) == (set(), set())
+    assert build_mask(LayerSkipOptions(), 30).num_skipped == 0
+
+
+def test_explicit_sets_combine_whole_layers_and_sublayers():
+    mask = build_mask(LayerSkipOptions(skip_layers=[3], skip_attn=[5], skip_mlp=[7, 3]), 10)
+    assert mask == SkipMask.from_sets(10, {3, 5}, {3, 7})
+    assert mask.num_skipped == 4
+    assert not mask.run_attn[3] and not mask.run_mlp[3]
+    assert not mask.run_attn[5] and mask.run_mlp[5]
+    assert mask.run_attn[7] and not mask.run_mlp[7]
+
+
+@pytest.mark.parametrize(
+    "raw,message",
+    [
+        ({"skip_ratio": 1.5}, "'skip_ratio' must be in [0, 1), got 1.5"),
+        ({"skip_ratio": -0.1}, "'skip_ratio' must be in [0, 1)"),
+        ({"skip_ratio": "half"}, "'skip_ratio' must be a number"),
+        ({"skip_layers": "3,4"}, "'skip_layers' must be a list of layer indices"),
+        ({"skip_attn": [1.5]}, "'skip_attn' must be a list of layer indices"),
+        ({"skip_ratio": 0.3, "skip_layers": [2]}, "cannot be combined"),
+        ({"draft_confidence_threshold": 2}, "'draft_confidence_threshold' must be in [0, 1], got 2"),
+        ({"skip_layer": [2]}, "'skip_layer' (did you mean 'skip_layers'?)"),
+        ({"model": "some/draft"}, "drafts with the target model itself; remove 'model'"),
+    ],
+)
+def test_bad_options_are_rejected_with_their_key(raw, message):
+    with pytest.raises(LayerSkipConfigError) as e:
+        split_speculative_config({"method": "layer_skip", **raw}, VLLM_KEYS)
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize("method,hint", [("swfit", " (did you mean 'swift'?)"), ("medusa_skip", "")])
+def test_unknown_methods_fail_clearly(method, hint):
+    with pytest.raises(LayerSkipConfigError) as e:
+        split_speculative_config({"method": method}, VLLM_KEYS)
+    assert str(e.value) == (
+        f"Unknown layer-skip method '{method}'{hint}. The methods of vllm-layerskip: "
+        "layer_skip, swift, clasp, self_sd, adadecode.")
+
+
+@pytest.mark.parametrize(
+    "raw,message",
+    [
+        ({"num_skip_layers": 0}, "'num_skip_layers' must be a positive integer (layers), got 0"),
+        ({"num_skip_layers": 4.5}, "'num_skip_layers' must be a positive integer (layers), got 4.5"),
+        ({"skip_ratio": 1.0}, "'skip_ratio' must be a number in (0, 1), got 1.0"),
+        ({"skip_ratio": 0.4, "num_skip_layers": 12}, "either 'num_skip_layers' or 'skip_ratio'"),
+        ({"layer_optimization_interval": 0},
+         "'layer_optimization_interval' must be a positive integer (verify steps between DP runs), got 0"),
+        ({"protect_first_layers": -1}, "'protect_first_layers' must be an integer >= 0 (layers), got -1"),
+        ({"protect_last_layers": True}, "'protect_last_layers' must be an integer >= 0"),
+        ({"max_dp_requests": 0}, "'max_dp_requests' must be a positive integer (requests), got 0"),
+        # The paper's name for it: the key shared by every method is suggested.
+        ({"draft_exiting_threshold": 0.5},
+         "'draft_exiting_threshold' (did you mean 'draft_confidence_threshold'?)"),
+    ],
+)
+def test_bad_clasp_options_are_rejected_with_their_key(raw, message):
+    with pytest.raises(LayerSkipConfigError) as e:
+        split_speculative_config({"method": "clasp", **raw}, VLLM_KEYS)
+    assert message in str(e.value)
+
+
+def test_clasp_defaults_follow_the_paper():
+    method, options, _ = split_speculative_config({"method": "clasp"}, VLLM_KEYS)
+    assert method == "clasp" and isinstance(options, ClaspOptions)
+    assert options.num_skipped(32) == 16  # half the layers
+    assert options.draft_confidence_threshold == 0.7  # the draft-exiting threshold
+    assert ClaspOptions(skip_ratio=0.4).num_skipped(30) == 12
+    assert ClaspOptions(num_skip_layers=9).num_skipped(30) == 9
+
+
+def test_split_keeps_vllm_keys_for_vllm():
+    method, options, rest = split_speculative_config(
+        {"method": "layer_skip", "num_speculative_tokens": 6, "skip_layers": [10, 12],
+         "enforce_eager": True}, VLLM_KEYS)
+    assert method == "layer_skip"
+    assert options.skip_layers == (10, 12)
+    assert rest == {"method": "layer_skip", "num_speculative_tokens": 6, "enforce_eager": True}
+
+
+def test_layer_outside_model_and_skip_everything():
+    with pytest.raises(LayerSkipConfigError, match=r"'skip_layers' has layer indices \[30\] outside the model, which has 30 decoder layers"):
+        build_mask(LayerSkipOptions(skip_layers=[5, 30]), 30)
+    with pytest.raises(LayerSkipConfigError, match="skips every attention and MLP sub-layer"):
+        build_mask(LayerSkipOptions(skip_layers=list(range(4))), 4)
+    with pytest.raises(LayerSkipConfigError, match="skips every"):
+        build_mask(LayerSkipOptions(skip_attn=[0, 1], skip_mlp=[0, 1]), 2)

@@ -1,0 +1,268 @@
+"""SWIFT's optimizer state machine on a fake engine (no vLLM engine): phases,
+termination rules, the r-lowering and re-optimization triggers, failures in the
+optimizer thread and the scoring pass, and the state file."""
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+from vllm_layerskip.core.draft_engine import DraftRequests
+from vllm_layerskip.core.faults import ENV_VAR
+from vllm_layerskip.core.errors import LayerSkipConfigError
+from vllm_layerskip.core.identity import ModelIdentity
+from vllm_layerskip.methods.swift.options import SwiftOptions
+from vllm_layerskip.methods.swift.search import MIN_ACCEPTANCE_TOKENS, SwiftSearch
+from vllm_layerskip.core.set_search import SubLayerSpace
+from vllm_layerskip.methods.swift.state_file import load_state
+
+NUM_LAYERS = 8  # 12 candidate sub-layers
+IDENTITY = ModelIdentity("tiny", "LlamaForCausalLM", NUM_LAYERS, 64, 1000)
+PROMPT_LEN = 10
+
+
+class FakeRunner:
+    """One request whose generated text grows by one token per step."""
+
+    def __init__(self):
+        self.input_batch = type("Batch", (), {})()
+        self.input_batch.num_prompt_tokens = np.array([PROMPT_LEN])
+        self.input_batch.token_ids_cpu = np.arange(1000, dtype=np.int64)[None, :] % 97
+        self.position = PROMPT_LEN - 1  # the first step samples position PROMPT_LEN
+
+    def requests(self) -> DraftRequests:
+        self.position += 1
+        p = np.array([self.position])
+        return DraftRequests(np.array([0]), p % 97, p, np.array([4]), np.array([0.0]))
+
+
+class FakeEngine:
+    """Matchness of a set = the fraction of its sub-layers that are 'harmless'."""
+
+    def __init__(self, harmless=(), constant=None):
+        self.harmless = set(harmless)
+        self.constant = constant
+        self.space = SubLayerSpace(NUM_LAYERS)
+        self.calls = 0
+
+    def score(self, runner, windows, mask):
+        self.calls += 1
+        coords = [c for c in range(self.space.dim) if self.space.mask((c,)) != self.space.mask(())
+                  and not _runs(mask, self.space.sublayer(c))]
+        m = self.constant if self.constant is not None else (
+            len(self.harmless & set(coords)) / max(len(coords), 1))
+        n = windows.num_tokens
+        return np.arange(n) < round(m * n)
+
+
+def _runs(mask, sublayer):
+    kind, layer = sublayer
+    return (mask.run_attn if kind == "attn" else mask.run_mlp)[layer]
+
+
+def drive(search, engine, runner, steps):
+    for _ in range(steps):
+        search.step(runner, engine, runner.requests())
+        deadline = time.monotonic() + 10
+        # Let the optimizer thread catch up, so tests are deterministic.
+        while (search.phase == "optimizing" and search.worker.error is None
+               and not search.worker.has_result and time.monotonic() < deadline):
+            time.sleep(0.0005)
+
+
+def options(**kw):
+    base = dict(skip_ratio=0.5, context_window=8, bo_interval=1000, patience=50,
+                max_optimization_steps=400, target_matchness=0.95, seed=1,
+                max_optimizer_share=1.0)
+    return SwiftOptions(**{**base, **kw})
+
+
+def test_accumulates_context_then_optimizes_and_reaches_target():
+    space = SubLayerSpace(NUM_LAYERS)
+    harmless = space.random(np.random.default_rng(7), 6)
+    search = SwiftSearch(options(target_matchness=0.8, patience=400), NUM_LAYERS, IDENTITY)
+    engine, runner = FakeEngine(harmless), FakeRunner()
+    initial = search.best
+    drive(search, engine, runner, 7)  # 7 generated tokens < context window 8
+    assert search.phase == "accumulating" and engine.calls == 0
+    drive(search, engine, runner, 300)
+    assert search.phase == "accelerating", search.summary()
+    assert search.stop_reason == "target matchness reached"
+    assert search.best_matchness > 0.8 > len(set(initial) & set(harmless)) / 6
+    assert len(search.best) == 6 and search.mask == space.mask(search.best)
+    # No more scoring once accelerating.
+    calls = engine.calls
+    drive(search, engine, runner, 20)
+    assert engine.calls == calls
+
+
+def test_patience_and_step_limit_end_optimization():
+    search = SwiftSearch(options(patience=5), NUM_LAYERS, IDENTITY)
+    drive(search, FakeEngine(constant=0.5), FakeRunner(), 40)
+    assert search.phase == "accelerating" and search.stop_reason == "patience ran out"
+    # First candidate "improves" over the unmeasured initial score at most once.
+    assert search.total_opt_steps <= 7
+
+    search = SwiftSearch(options(patience=100, max_optimization_steps=12), NUM_LAYERS, IDENTITY)
+    drive(search, FakeEngine(harmless=range(12)), FakeRunner(), 60)
+    assert search.stop_reason in ("step limit reached", "target matchness reached")
+
+
+def test_bayesian_suggestions_every_beta_steps():
+    search = SwiftSearch(options(bo_interval=4, patience=400, max_optimization_steps=20),
+                         NUM_LAYERS, IDENTITY)
+    drive(search, FakeEngine(constant=0.3), FakeRunner(), 40)
+    s = search.summary()
+    assert s["optimization_steps"] == 20
+    assert s["bayes_suggestions"] == 5 and s["random_suggestions"] >= 15
+
+
+def test_low_acceptance_lowers_the_skip_ratio():
+    search = SwiftSearch(options(patience=5, skip_ratio_step=0.25), NUM_LAYERS, IDENTITY)
+    engine, runner = FakeEngine(constant=0.5), FakeRunner()
+    drive(search, engine, runner, 8)
+    assert search.phase == "optimizing"
+    search.observe_acceptance(MIN_ACCEPTANCE_TOKENS, 10)  # acceptance 0.16 < 0.7
+    drive(search, engine, runner, 30)
+    assert search.ratio == pytest.approx(0.25) and search.count == 3
+    assert search.ratio_changes == 1 and search.phase in ("optimizing", "accelerating")
+    assert len(search.best) == 3
+
+
+def test_acceptance_drop_resumes_optimization():
+    search = SwiftSearch(options(patience=3), NUM_LAYERS, IDENTITY)
+    engine, runner = FakeEngine(constant=0.5), FakeRunner()
+    drive(search, engine, runner, 30)
+    assert search.phase == "accelerating"
+    search.observe_acceptance(MIN_ACCEPTANCE_TOKENS, 50)  # baseline 0.78
+    search.observe_acceptance(MIN_ACCEPTANCE_TOKENS, 45)  # 0.70: fine
+    assert search.phase == "accelerating"
+    search.observe_acceptance(MIN_ACCEPTANCE_TOKENS, 20)  # 0.31 < 0.6 * 0.78
+    assert search.phase == "optimizing" and search.reoptimizations == 1
+    best = search.best
+    drive(search, engine, runner, 1)
+    assert search.best == best or search.best_matchness >= 0.5
+
+
+@pytest.mark.parametrize("point", ["swift.optimizer@3", "swift.score"])
+def test_failures_keep_the_last_good_set(monkeypatch, point):
+    monkeypatch.setenv(ENV_VAR, point)
+    search = SwiftSearch(options(patience=400), NUM_LAYERS, IDENTITY)
+    engine, runner = FakeEngine(constant=0.5), FakeRunner()
+    drive(search, engine, runner, 60)
+    assert search.phase == "stopped", search.summary()
+    assert "fault injected" in search.error
+    mask = search.mask
+    drive(search, engine, runner, 10)  # still drafting, with the same set
+    assert search.mask == mask and search.mask.num_skipped == search.count
+
+
+def test_state_file_round_trip_and_refusals(tmp_path):
+    path = tmp_path / "swift.json"
+    search = SwiftSearch(options(patience=5, state_file=str(path)), NUM_LAYERS, IDENTITY)
+    drive(search, FakeEngine(constant=0.5), FakeRunner(), 30)
+    assert search.phase == "accelerating"
+    deadline = time.monotonic() + 10
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    state = load_state(path, IDENTITY)
+    assert state.optimization_finished and len(state.history) >= 5
+
+    warm = SwiftSearch(options(state_file=str(path)), NUM_LAYERS, IDENTITY)
+    assert warm.phase == "accelerating" and warm.best == search.best
+    assert warm.stop_reason == "loaded from state_file"
+
+    other = ModelIdentity("other", "LlamaForCausalLM", NUM_LAYERS, 64, 1000)
+    with pytest.raises(LayerSkipConfigError, match=r"was made for another model \(model: file 'tiny' vs running 'other' \(no weight fingerprint"):
+        options(state_file=str(path)).validate_for_model(other)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(LayerSkipConfigError, match="is not valid JSON.*Delete the file"):
+        options(state_file=str(bad)).validate_for_model(IDENTITY)
+    bad.write_text(json.dumps({"format": "something else"}))
+    with pytest.raises(LayerSkipConfigError, match="is not a SWIFT state file"):
+        options(state_file=str(bad)).validate_for_model(IDENTITY)
+    data = json.loads(path.read_text())
+    data["best"]["skip_attn"] = [0, 99]
+    bad.write_text(json.dumps(data))
+    with pytest.raises(LayerSkipConfigError, match=r"layer indices \[0, 99\] outside 1..6"):
+        options(state_file=str(bad)).validate_for_model(IDENTITY)
+    del data["best"]
+    bad.write_text(json.dumps(data))
+    with pytest.raises(LayerSkipConfigError, match="is corrupt: missing or malformed field"):
+        options(state_file=str(bad)).validate_for_model(IDENTITY)
+
+
+SHARE = 0.1
+STEP_S = SCORE_S = 0.1  # fake engine step and scoring pass times
+
+
+class _FakeClockRun:
+    """A SwiftSearch whose engine steps and scoring passes take STEP_S and
+    SCORE_S on a fake clock, with max_optimizer_share SHARE."""
+
+    def __init__(self, monkeypatch):
+        from vllm_layerskip.methods.swift import search as swift_module
+
+        self.clock = 0.0
+        monkeypatch.setattr(swift_module.time, "perf_counter", lambda: self.clock)
+        run = self
+
+        class SlowEngine(FakeEngine):
+            def score(self, runner, windows, mask):
+                run.clock += SCORE_S
+                return super().score(runner, windows, mask)
+
+        self.search = SwiftSearch(options(context_window=128, max_score_tokens=128,
+                                          patience=1000, max_optimizer_share=SHARE),
+                                  NUM_LAYERS, IDENTITY)
+        self.engine, self.runner = SlowEngine(constant=0.5), FakeRunner()
+
+    def steps(self, n):
+        for _ in range(n):
+            self.clock += STEP_S
+            drive(self.search, self.engine, self.runner, 1)
+
+
+def test_optimizer_share_cap_allows_no_burst_of_saved_up_time(monkeypatch):
+    """A long accumulation phase (127 steps, 12.7 s) must not leave the optimizer
+    a budget it can spend on every step afterwards: at most SHARE * CREDIT_WINDOW_S of
+    saved-up time, then about `share` of the steps."""
+    from vllm_layerskip.core.optimizer_budget import CREDIT_WINDOW_S
+
+    run, steps = _FakeClockRun(monkeypatch), 40
+    run.steps(127)
+    assert run.search.phase == "accumulating" and run.engine.calls == 0
+    run.steps(steps)
+    assert run.search.phase == "optimizing"
+    allowed = SHARE * (CREDIT_WINDOW_S + steps * STEP_S) / SCORE_S + 1
+    assert 1 <= run.engine.calls <= allowed, (run.engine.calls, allowed)
+    assert run.search.budget_skips > 0
+
+
+def test_optimizer_thread_cpu_time_counts_against_the_share(monkeypatch):
+    """As above, but every job of the optimizer thread costs 0.05 s of its CPU
+    time (fake thread clock). That time is taken from decoding as much as a
+    scoring pass is, so a candidate now costs ~0.2 s of the budget instead of
+    0.1 s: fewer scoring passes fit (measured: 7, against 10 without the charge)."""
+    from vllm_layerskip.core.optimizer_budget import CREDIT_WINDOW_S
+    from vllm_layerskip.methods.swift import search as swift_module
+
+    thread_clock = [0.0]
+
+    def fake_thread_time():
+        thread_clock[0] += 0.025  # two reads per job: 0.05 s per job
+        return thread_clock[0]
+
+    monkeypatch.setattr(swift_module.time, "thread_time", fake_thread_time)
+    run, steps = _FakeClockRun(monkeypatch), 40
+    run.steps(127 + steps)
+    assert run.search.phase == "optimizing"
+    budget = SHARE * (CREDIT_WINDOW_S + steps * STEP_S)  # 0.9 s
+    # 0.2 s per candidate; +3: the incumbent's re-scoring, one overdrawing pass,
+    # and the thread's last jobs, charged a step later. Without the charge: 10.
+    calls = run.engine.calls
+    assert 1 <= calls <= budget / (SCORE_S + 2 * 0.05) + 3, calls
+    assert run.search.summary()["worker_cpu_seconds"] >= 0.05 * calls

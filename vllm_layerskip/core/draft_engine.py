@@ -1,0 +1,425 @@
+"""The shared draft engine: the target model, run with a mask of skipped sub-layers.
+
+After each verify step, vLLM's runner hands us the tokens it just sampled. For
+every request that sampled one, the draft pass runs K one-token decode steps
+through the kept sub-layers of the target itself:
+
+- step j feeds the token at position p + j (p: the request's last sampled token)
+  and predicts the token at p + j + 1;
+- kept attention layers read the target's paged KV cache (positions < p hold the
+  full model's KV) and write the draft's own K/V at p + j into the lookahead slot
+  vLLM allocated there (see patches/config.py); the next verify pass overwrites
+  those slots with the full model's KV, so drafting needs no KV memory of its own;
+- requests stop independently: at their budget (K, or the room left before
+  max_model_len) or when the draft's top-1 probability falls under a threshold;
+- with an `EarlyExit` (method adadecode) there is no mask: each token runs the
+  layers up to the first confident exit head, and never deeper than the
+  shallowest exit earlier in its chain, whose deeper KV was not written.
+
+Greedy requests take the draft's argmax. Sampled requests (temperature > 0) draw
+from the draft distribution q = softmax(logits / T) and q is handed to vLLM's
+rejection sampler, which accepts a draft x with probability min(1, p(x) / q(x))
+and otherwise resamples from max(0, p - q): the output distribution stays p.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from vllm.forward_context import set_forward_context
+
+from vllm_layerskip.core.attention_metadata import build_attention_metadata
+from vllm_layerskip.core.model_adapter import DecoderStack
+from vllm_layerskip.core.skip_mask import SkipMask
+
+
+@dataclass
+class DraftRequests:
+    """The requests that draft this step, as rows of the runner's input batch."""
+
+    rows: np.ndarray  # [num_drafting] input-batch row of each request
+    last_token: np.ndarray  # [num_drafting] the token just sampled (position p)
+    last_position: np.ndarray  # [num_drafting] p
+    budget: np.ndarray  # [num_drafting] most draft tokens allowed
+    temperature: np.ndarray  # [num_drafting] 0 for greedy
+
+
+@dataclass
+class ScoreWindows:
+    """Recent verified tokens of some requests, to score a candidate mask on.
+
+    Window w covers positions starts[w] .. starts[w] + lengths[w] - 1 of request
+    row rows[w]; every one of them already holds the target's KV. The draft
+    predicts, at each position, the token at the next position (`targets`).
+    """
+
+    rows: np.ndarray  # [W] input-batch rows
+    starts: np.ndarray  # [W]
+    lengths: np.ndarray  # [W]
+    input_ids: np.ndarray  # [N] tokens at the window positions, window by window
+    targets: np.ndarray  # [N] the token that followed each of them
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.lengths.sum())
+
+    @property
+    def positions(self) -> np.ndarray:  # [N]
+        return np.concatenate(
+            [np.arange(s, s + n, dtype=np.int64) for s, n in zip(self.starts, self.lengths)]
+        )
+
+
+@dataclass
+class DraftResult:
+    token_ids: list[list[int]]  # [num_reqs][<= K], per input-batch row
+    probs: torch.Tensor | None  # [num_reqs, K, vocab] draft q, None if all greedy
+    num_forward_steps: int  # draft forward passes run
+    top1_probs: list[list[float]]  # [num_reqs][<= K] draft confidence per token
+    # [num_reqs][<= K] layers each draft token ran (early exit only, else empty)
+    exit_layers: list[list[int]] = field(default_factory=list)
+    # Rows the forward passes ran, summed over them: what a draft pass costs.
+    # More than the tokens drafted where an early-exit row found no confident head.
+    num_rows_run: int = 0
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return sum(len(t) for t in self.token_ids)
+
+
+@dataclass
+class EarlyExit:
+    """Confidence-gated early exit (AdaDecode): a draft token leaves the model at
+    the first head whose top-1 probability exceeds `threshold`; with no
+    confident head the request's draft stops there."""
+
+    layers: tuple[int, ...]  # [H] ascending: head h reads the stream after layers[h] layers
+    transforms: torch.Tensor  # [H, hidden, hidden] T(i), model dtype and device
+    threshold: float
+
+
+class DraftEngine:
+    def __init__(self, vllm_config, num_speculative_tokens: int):
+        self.vllm_config = vllm_config
+        self.num_speculative_tokens = num_speculative_tokens
+        self.stack: DecoderStack | None = None
+
+    def load_model(self, target_model: torch.nn.Module) -> None:
+        self.stack = DecoderStack.from_model(target_model)
+
+    @property
+    def num_layers(self) -> int:
+        assert self.stack is not None, "load_model() has not been called"
+        return self.stack.num_layers
+
+    # ---- which requests draft -------------------------------------------------
+
+    def select_requests(self, runner, sampled_token_ids: list[list[int]]) -> DraftRequests:
+        batch = runner.input_batch
+        # A request drafts once it has a freshly sampled token: rows still in a
+        # chunked prefill (or whose sample was discarded) have none this step.
+        rows = np.array(
+            [i for i, ids in enumerate(sampled_token_ids[: batch.num_reqs]) if ids],
+            dtype=np.int64,
+        )
+        last_position = batch.num_tokens_no_spec[rows].astype(np.int64) - 1
+        last_token = batch.token_ids_cpu[rows, last_position].astype(np.int64)
+        # Draft step j writes KV at p + j and predicts p + j + 1, which must stay
+        # below max_model_len.
+        room = runner.max_model_len - 1 - last_position
+        budget = np.clip(room, 0, self.num_speculative_tokens)
+        temperature = batch.temperature_cpu[rows].astype(np.float32)
+        return DraftRequests(rows, last_token, last_position, budget, temperature)
+
+    # ---- the draft loop -------------------------------------------------------
+
+    @torch.inference_mode()
+    def draft(
+        self,
+        runner,
+        requests: DraftRequests,
+        mask: SkipMask,
+        confidence_threshold: float = 0.0,
+        early_exit: EarlyExit | None = None,  # set: `mask` is ignored
+    ) -> DraftResult:
+        assert self.stack is not None, "load_model() has not been called"
+        num_reqs = runner.input_batch.num_reqs
+        k = self.num_speculative_tokens
+        drafts: list[list[int]] = [[] for _ in range(num_reqs)]
+        top1s: list[list[float]] = [[] for _ in range(num_reqs)]
+        exits: list[list[int]] = [[] for _ in range(num_reqs)]
+        # Early exit: the deepest layer each request's next draft token may reach.
+        # Token j reads the KV the earlier draft tokens wrote at p .. p + j - 1,
+        # and a token that exited at layer e wrote none for layers >= e, so later
+        # tokens never go deeper than the shallowest exit so far.
+        exit_cap = np.full(len(requests.rows), self.num_layers, dtype=np.int64)
+        sampled_rows = requests.temperature > 0
+        probs = None
+        # Only when a sampled request may draft: with the cost model's k = 0 this
+        # would zero num_reqs x K x vocab floats every step for nothing.
+        if (sampled_rows & (requests.budget > 0)).any():
+            vocab = runner.model_config.get_vocab_size()
+            probs = torch.zeros(num_reqs, k, vocab, dtype=torch.float32, device=runner.device)
+
+        active = np.flatnonzero(requests.budget > 0)  # indices into `requests`
+        tokens = requests.last_token.copy()
+        steps = rows_run = 0
+        for step in range(k):
+            if active.size == 0:
+                break
+            positions = requests.last_position[active] + step
+            if early_exit is None:
+                logits = self.forward(
+                    runner, requests.rows[active], tokens[active], positions, mask, step
+                )
+                exit_layer = None
+            else:
+                logits, exit_layer = self.forward_early_exit(
+                    runner, requests.rows[active], tokens[active], positions,
+                    early_exit, exit_cap[active], step,
+                )
+            new_tokens, top1, q = self._choose(
+                logits, requests.temperature[active], requests.rows[active], runner
+            )
+            steps += 1
+            rows_run += active.size
+            keep = []
+            for n, idx in enumerate(active):
+                row = int(requests.rows[idx])
+                if exit_layer is not None:
+                    if exit_layer[n] == 0:  # no confident head: the draft stops
+                        continue
+                    exits[row].append(int(exit_layer[n]))
+                    exit_cap[idx] = exit_layer[n]
+                drafts[row].append(int(new_tokens[n]))
+                top1s[row].append(float(top1[n]))
+                if q is not None and sampled_rows[idx]:
+                    probs[row, step] = q[n]
+                tokens[idx] = new_tokens[n]
+                done = (
+                    len(drafts[row]) >= requests.budget[idx]
+                    or top1[n] < confidence_threshold
+                )
+                if not done:
+                    keep.append(idx)
+            active = np.array(keep, dtype=np.int64)
+        return DraftResult(drafts, probs, steps, top1s, exits if early_exit else [], rows_run)
+
+    @torch.inference_mode()
+    def score(self, runner, windows: ScoreWindows, mask: SkipMask) -> np.ndarray:
+        """Which window tokens the masked draft predicts exactly ([N] bool).
+
+        One pass over all windows at once, causal within each window; attention
+        reads the target's own KV for the window positions and nothing is
+        written to the KV cache.
+        """
+        assert self.stack is not None, "load_model() has not been called"
+        device = runner.device
+        positions = windows.positions
+        attn_metadata, slot_mapping = self._attention_metadata(
+            runner, windows.rows, windows.lengths, positions, write_kv=False
+        )
+        ids_t = torch.from_numpy(windows.input_ids.astype(np.int64)).to(device)
+        pos_t = torch.from_numpy(positions).to(device)
+        with set_forward_context(
+            attn_metadata,
+            self.vllm_config,
+            num_tokens=windows.num_tokens,
+            slot_mapping=slot_mapping,
+        ):
+            hidden = self.stack.forward_masked(ids_t, pos_t, mask.run_attn, mask.run_mlp)
+            predicted = self.stack.logits(hidden).argmax(dim=-1).cpu().numpy()
+        return predicted == windows.targets
+
+    def forward(
+        self,
+        runner,
+        rows: np.ndarray,  # [B] input-batch rows
+        input_ids: np.ndarray,  # [B]
+        positions: np.ndarray,  # [B]
+        mask: SkipMask,
+        draft_index: int = 0,
+        write_kv: bool | tuple[bool, ...] = True,  # all layers, or [num_layers]
+    ) -> torch.Tensor:  # [B, vocab] float32 logits
+        """One decode-shaped pass (one token per request) through the kept layers.
+
+        A layer whose `write_kv` is False writes nothing to the KV cache: its
+        attention still reads the cache at the given positions, which suits
+        re-scoring tokens whose KV the target already computed.
+        """
+        device = runner.device
+        attn_metadata, slot_mapping = self._decode_metadata(
+            runner, rows, positions, draft_index, write_kv
+        )
+        ids_t = torch.from_numpy(input_ids).to(device=device, dtype=torch.int64)
+        pos_t = torch.from_numpy(positions).to(device=device, dtype=torch.int64)
+        with set_forward_context(
+            attn_metadata,
+            self.vllm_config,
+            num_tokens=len(rows),
+            slot_mapping=slot_mapping,
+        ):
+            hidden = self.stack.forward_masked(ids_t, pos_t, mask.run_attn, mask.run_mlp)
+            logits = self.stack.logits(hidden)
+        return logits.float()
+
+    def forward_early_exit(
+        self,
+        runner,
+        rows: np.ndarray,  # [B] input-batch rows
+        input_ids: np.ndarray,  # [B]
+        positions: np.ndarray,  # [B]
+        early_exit: EarlyExit,
+        exit_cap: np.ndarray,  # [B] deepest exit layer allowed per row
+        draft_index: int = 0,
+    ) -> tuple[torch.Tensor, np.ndarray]:  # [B, vocab] float32 logits, [B] exit layer
+        """One decode-shaped pass that runs each row only up to its exit head.
+
+        Layers run segment by segment between heads, on the rows still going
+        deeper, and write their KV at `positions`. A row exits at the first head
+        (at or above no cap) whose top-1 probability exceeds the threshold; its
+        logits are that head's, E*(T h). Exit layer 0: no head was confident
+        (the row's logits are then meaningless).
+        """
+        assert self.stack is not None, "load_model() has not been called"
+        device = runner.device
+        num = len(rows)
+        exit_layer = np.zeros(num, dtype=np.int64)
+        logits_out: torch.Tensor | None = None
+        going = np.arange(num)  # rows still running, in the order of `hidden`
+        pos_all = torch.from_numpy(positions.astype(np.int64)).to(device)
+        hidden = self.stack.embed(torch.from_numpy(input_ids.astype(np.int64)).to(device))
+        residual = None
+        layers_run = 0
+        for head, layer in enumerate(early_exit.layers):
+            allowed = exit_cap[going] >= layer
+            if not allowed.all():  # rows capped above this head stop here
+                keep = torch.from_numpy(allowed).to(device)
+                going, hidden = going[allowed], hidden[keep]
+                residual = None if residual is None else residual[keep]
+            if going.size == 0:
+                break
+            attn_metadata, slot_mapping = self._decode_metadata(
+                runner, rows[going], positions[going], draft_index, True
+            )
+            with set_forward_context(
+                attn_metadata, self.vllm_config, num_tokens=len(going), slot_mapping=slot_mapping
+            ):
+                hidden, residual = self.stack.run_layers(
+                    hidden, residual, pos_all[going], layers_run, layer
+                )
+            layers_run = layer
+            logits = self.stack.exit_logits(hidden + residual, early_exit.transforms[head]).float()
+            if logits_out is None:
+                logits_out = torch.zeros(num, logits.shape[-1], dtype=torch.float32, device=device)
+            confident = torch.softmax(logits, dim=-1).amax(dim=-1) > early_exit.threshold
+            confident_np = confident.cpu().numpy()
+            leaving = going[confident_np]
+            logits_out[torch.from_numpy(leaving).to(device)] = logits[confident]
+            exit_layer[leaving] = layer
+            going, hidden, residual = going[~confident_np], hidden[~confident], residual[~confident]
+            if going.size == 0:
+                break
+        if logits_out is None:  # every row capped below the first head
+            vocab = runner.model_config.get_vocab_size()
+            logits_out = torch.zeros(num, vocab, dtype=torch.float32, device=device)
+        return logits_out, exit_layer
+
+    # ---- one decoder layer at a time (layer-selection searches, e.g. CLaSp) ---
+
+    def state_metadata(self, runner, rows: np.ndarray, positions: np.ndarray):
+        """Attention metadata for one query per (row, position) that writes no KV.
+
+        Rows may repeat (several candidate states of one request at the same
+        position): each entry is its own one-token query over that request's
+        cached prefix. Build it once and pass it to every `run_layer` call on
+        the same (rows, positions).
+        """
+        ones = np.ones(len(rows), dtype=np.int64)
+        return self._attention_metadata(runner, rows, ones, positions, write_kv=False)
+
+    @torch.inference_mode()
+    def run_layer(
+        self,
+        runner,
+        layer_index: int,
+        rows: np.ndarray,  # [N] input-batch rows, may repeat
+        positions: np.ndarray,  # [N]
+        states: torch.Tensor,  # [N, hidden] residual stream before the layer
+        metadata=None,  # from state_metadata(runner, rows, positions)
+    ) -> torch.Tensor:  # [N, hidden] residual stream after the layer
+        """Decoder layer `layer_index` on residual-stream states, writing no KV.
+
+        The attention reads the request's paged cache at positions 0..position,
+        so at a position the target already processed, the query attends to the
+        target's own K/V there (not to K/V of `states`): nothing is written.
+        """
+        assert self.stack is not None, "load_model() has not been called"
+        if metadata is None:
+            metadata = self.state_metadata(runner, rows, positions)
+        attn_metadata, slot_mapping = metadata
+        layer = self.stack.layers[layer_index]
+        pos_t = torch.from_numpy(positions.astype(np.int64)).to(runner.device)
+        with set_forward_context(
+            attn_metadata, self.vllm_config, num_tokens=len(rows), slot_mapping=slot_mapping
+        ):
+            # vLLM's pair convention with a zero residual: the fused add+norm
+            # sees states + 0 = states. Both inputs are fresh tensors because
+            # the fused norm may update them in place.
+            hidden, residual = layer.input_layernorm(states.clone(), torch.zeros_like(states))
+            hidden = layer.self_attn(positions=pos_t, hidden_states=hidden)
+            hidden, residual = layer.post_attention_layernorm(hidden, residual)
+            hidden = layer.mlp(hidden)
+        return hidden + residual
+
+    @torch.inference_mode()
+    def layer_states(
+        self,
+        runner,
+        rows: np.ndarray,  # [B] input-batch rows
+        input_ids: np.ndarray,  # [B] token at each position
+        positions: np.ndarray,  # [B] positions whose KV the target already wrote
+    ) -> torch.Tensor:  # [num_layers + 1, B, hidden]
+        """The full model's residual stream x_0 (embedding) .. x_L (before the
+        final norm) of one token per request, recomputed with no KV writes."""
+        assert self.stack is not None, "load_model() has not been called"
+        metadata = self.state_metadata(runner, rows, positions)
+        ids_t = torch.from_numpy(input_ids.astype(np.int64)).to(runner.device)
+        states = [self.stack.embed(ids_t)]
+        for i in range(self.num_layers):
+            states.append(self.run_layer(runner, i, rows, positions, states[-1], metadata))
+        return torch.stack(states)
+
+    def _decode_metadata(self, runner, rows, positions, draft_index, write_kv):
+        """Per-layer attention metadata and KV slots for one token per request."""
+        return self._attention_metadata(
+            runner, rows, np.ones(len(rows), dtype=np.int64), positions, write_kv, draft_index
+        )
+
+    def _attention_metadata(self, runner, rows, query_lens, positions, write_kv, draft_index=None):
+        if isinstance(write_kv, bool):
+            write_kv = (write_kv,) * self.num_layers
+        return build_attention_metadata(runner, rows, query_lens, positions, write_kv, draft_index)
+
+    @staticmethod
+    def _choose(logits, temperature, rows, runner):
+        """Pick each row's draft token: argmax if greedy, else a draw from q."""
+        greedy_probs = torch.softmax(logits, dim=-1)
+        top1, argmax = greedy_probs.max(dim=-1)
+        if not (temperature > 0).any():
+            return argmax.cpu().numpy(), top1.cpu().numpy(), None
+        temp = torch.from_numpy(np.where(temperature > 0, temperature, 1.0)).to(logits.device)
+        q = torch.softmax(logits / temp.unsqueeze(1), dim=-1)
+        # Exponential race: argmax(q / E) with E ~ Exp(1) is a draw from q.
+        noise = torch.empty_like(q)
+        generators = runner.input_batch.generators
+        for n, row in enumerate(rows):
+            gen = generators.get(int(row))
+            noise[n].exponential_(generator=gen)
+        drawn = (q / noise).argmax(dim=-1)
+        is_sampled = torch.from_numpy(temperature > 0).to(logits.device)
+        tokens = torch.where(is_sampled, drawn, argmax)
+        top1 = torch.where(is_sampled, q.max(dim=-1).values, top1)
+        return tokens.cpu().numpy(), top1.cpu().numpy(), q

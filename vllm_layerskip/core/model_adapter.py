@@ -1,0 +1,180 @@
+"""Model-family adapter: the pieces of a vLLM decoder model the draft pass calls.
+
+Llama, Mistral, Qwen2 and Qwen3 in vLLM share one decoder-layer shape:
+`input_layernorm -> self_attn -> post_attention_layernorm -> mlp`, with the
+residual carried beside the hidden state and fused into the next norm. The draft
+pass calls these sub-modules itself (eagerly, outside the compiled model forward),
+so skipping a sub-layer is just not calling it: the pair (hidden, residual), whose
+sum is the residual stream, passes through unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from vllm_layerskip.core.errors import LayerSkipConfigError
+
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+)
+
+_DECODER_PARTS = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
+
+
+def check_model_supported(model_config) -> int:
+    """Raise a clear error for an unsupported model; return its layer count."""
+    archs = list(getattr(model_config, "architectures", None) or [])
+    if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+        raise LayerSkipConfigError(
+            f"vllm-layerskip does not support architecture {archs or 'unknown'} of "
+            f"model '{model_config.model}'. Supported: "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)}."
+        )
+    return model_config.hf_text_config.num_hidden_layers
+
+
+@dataclass
+class DecoderStack:
+    """The target model's modules, as the draft pass uses them."""
+
+    model: nn.Module  # the *ForCausalLM (for compute_logits)
+    inner: nn.Module  # its decoder (embed, layers, norm)
+    layers: list[nn.Module]  # [num_layers], the decoder layers in order
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @classmethod
+    def from_model(cls, model: nn.Module) -> "DecoderStack":
+        inner = getattr(model, "model", None)
+        layers = getattr(inner, "layers", None)
+        if inner is None or layers is None:
+            raise LayerSkipConfigError(
+                f"vllm-layerskip cannot find the decoder layers of {type(model).__name__}; "
+                f"supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)}."
+            )
+        if (inner.start_layer, inner.end_layer) != (0, len(layers)):
+            raise LayerSkipConfigError(
+                "vllm-layerskip needs every decoder layer on this rank; pipeline "
+                "parallelism is not supported."
+            )
+        for layer in layers:
+            missing = [p for p in _DECODER_PARTS if not hasattr(layer, p)]
+            if missing or getattr(layer, "ada_rms_norm_t_cond", None) is not None:
+                raise LayerSkipConfigError(
+                    f"vllm-layerskip does not support decoder layer "
+                    f"{type(layer).__name__} (missing {missing or 'plain RMSNorm'})."
+                )
+        return cls(model=model, inner=inner, layers=list(layers))
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.inner.embed_input_ids(input_ids)
+
+    def forward_masked(
+        self,
+        input_ids: torch.Tensor,  # [num_tokens]
+        positions: torch.Tensor,  # [num_tokens]
+        run_attn: tuple[bool, ...],  # [num_layers]
+        run_mlp: tuple[bool, ...],  # [num_layers]
+    ) -> torch.Tensor:  # [num_tokens, hidden], after the final norm
+        """The model's forward with only the kept sub-layers.
+
+        With every sub-layer kept this calls exactly what the model's own forward
+        calls, in the same order, so the draft equals the target up to kernel
+        shape effects.
+        """
+        hidden = self.embed(input_ids)
+        residual = None
+        for layer, attn_on, mlp_on in zip(self.layers, run_attn, run_mlp):
+            if attn_on:
+                hidden, residual = _norm(layer.input_layernorm, hidden, residual)
+                hidden = layer.self_attn(positions=positions, hidden_states=hidden)
+            if mlp_on:
+                hidden, residual = _norm(layer.post_attention_layernorm, hidden, residual)
+                hidden = layer.mlp(hidden)
+        if residual is None:
+            return self.inner.norm(hidden)
+        hidden, _ = self.inner.norm(hidden, residual)
+        return hidden
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [num_tokens, vocab]
+        return self.model.compute_logits(hidden)
+
+    def run_layers(
+        self,
+        hidden: torch.Tensor,  # [num_tokens, hidden]
+        residual: torch.Tensor | None,  # [num_tokens, hidden], None before layer 0
+        positions: torch.Tensor,  # [num_tokens]
+        start: int,
+        end: int,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Decoder layers start .. end - 1, in full, on vLLM's (hidden, residual)
+        pair; the residual stream after them is hidden + residual."""
+        for layer in self.layers[start:end]:
+            hidden, residual = _norm(layer.input_layernorm, hidden, residual)
+            hidden = layer.self_attn(positions=positions, hidden_states=hidden)
+            hidden, residual = layer.post_attention_layernorm(hidden, residual)
+            hidden = layer.mlp(hidden)
+        return hidden, residual
+
+    def exit_logits(
+        self,
+        stream: torch.Tensor,  # [num_tokens, hidden] residual stream after some layer
+        transform: torch.Tensor,  # [hidden, hidden] an exit head's T
+    ) -> torch.Tensor:  # [num_tokens, vocab]
+        """An exit head: the final norm and LM head on T @ h (AdaDecode's E* T(i))."""
+        return self.logits(self.inner.norm(stream @ transform.T))
+
+
+    def run_layer(
+        self,
+        index: int,
+        positions: torch.Tensor,  # [num_tokens]
+        states: torch.Tensor,  # [num_tokens, hidden] residual stream before the layer
+        attend=None,  # attend(q, k, v) -> [num_tokens, heads * head_size], or None
+    ) -> torch.Tensor:  # [num_tokens, hidden] residual stream after the layer
+        """Decoder layer `index` on residual-stream states.
+
+        With `attend`, it replaces vLLM's Attention module inside the layer's
+        own attention forward (projections, qk-norms, rotary embedding and
+        o_proj stay the model's), so the layer runs without a forward context
+        and without the paged KV cache, e.g. in a background thread.
+        """
+        layer = self.layers[index]
+        # vLLM's pair convention with a zero residual: the fused add+norm sees
+        # states + 0 = states. Fresh tensors: the fused norm may work in place.
+        hidden, residual = layer.input_layernorm(states.clone(), torch.zeros_like(states))
+        if attend is None:
+            hidden = layer.self_attn(positions=positions, hidden_states=hidden)
+        else:
+            attention = _AttentionWith(layer.self_attn, attend)
+            hidden = type(layer.self_attn).forward(attention, positions=positions, hidden_states=hidden)
+        hidden, residual = layer.post_attention_layernorm(hidden, residual)
+        return layer.mlp(hidden) + residual
+
+
+class _AttentionWith:
+    """A decoder layer's self_attn module seen through a proxy whose `attn`
+    is another function; every other attribute is the module's own. The
+    module itself is never modified, so the engine can use it meanwhile."""
+
+    def __init__(self, self_attn: nn.Module, attend):
+        self._module = self_attn
+        self.attn = attend
+
+    def __getattr__(self, name: str):
+        return getattr(self._module, name)
+
+
+def _norm(norm: nn.Module, hidden: torch.Tensor, residual: torch.Tensor | None):
+    """vLLM's fused add+RMSNorm: returns (normed(hidden + residual), hidden + residual)."""
+    if residual is None:
+        return norm(hidden), hidden
+    return norm(hidden, residual)

@@ -1,0 +1,281 @@
+"""What every layer-skip proposer shares: construction from the vLLM config, the
+draft engine, the draft-length cost model, the failure boundary around each
+draft pass, and the entry point the model-runner patch calls."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+
+import numpy as np
+
+from vllm_layerskip.core.cost_model import DraftLengthPolicy
+from vllm_layerskip.core.draft_engine import DraftRequests, DraftResult, DraftEngine
+from vllm_layerskip.core.faults import maybe_fail
+from vllm_layerskip.core.rank_agreement import rank_agreement
+from vllm_layerskip.core.selection import get_selection
+from vllm_layerskip.core.versioned_file import write_json_atomic
+
+logger = logging.getLogger("vllm.layerskip")
+
+LOG_INTERVAL_S = 30.0
+# Debugging and load tests (benchmarks/load_test.py): the proposer's status() as JSON
+# in this file, rewritten after every step (by tensor-parallel rank 0 only).
+STATUS_FILE_ENV = "VLLM_LAYERSKIP_STATUS_FILE"
+
+
+class LayerSkipProposerBase:
+    """A drafter that runs the target model itself with some sub-layers skipped.
+
+    vLLM builds it from `speculative_config.model` (the `custom_class` path),
+    calls `load_model(target_model)` once, and, through patches/model_runner.py,
+    `propose_from_runner(...)` after every step that sampled tokens. Subclasses
+    implement `draft(runner, requests)`.
+    """
+
+    def __init__(self, vllm_config):
+        spec = vllm_config.speculative_config
+        selection = get_selection(spec)
+        if selection is None:
+            raise RuntimeError(
+                f"{type(self).__name__} is built by the vllm-layerskip plugin from a "
+                "speculative config with a layer-skip 'method'; it cannot be named as "
+                "a custom_class model directly. Use e.g. "
+                '{"method": "layer_skip", "num_speculative_tokens": 4}.'
+            )
+        self.vllm_config = vllm_config
+        self.method = selection.method
+        self.options = selection.options
+        self.num_speculative_tokens = spec.num_speculative_tokens
+        self.engine = DraftEngine(vllm_config, spec.num_speculative_tokens)
+        self.policy = (
+            DraftLengthPolicy(spec.num_speculative_tokens, self.options.probe_interval)
+            if self.options.adaptive_draft_length
+            else None
+        )
+        self.stats = ProposerStats()
+        # Tensor parallelism: decisions taken from rank-local inputs (time,
+        # threads) are rank 0's on every rank (rank_agreement.py).
+        self.agreement = rank_agreement()
+        # What the last call drafted, to learn acceptance and verify cost from the
+        # step that verified it.
+        self._last_drafted: dict[str, int] = {}
+        self._last_end: float | None = None
+        self._probe_offset = 0  # where the next probe's rows start in the batch
+        self._last_log = time.monotonic()
+        self.bookkeeping = RequestBookkeeping()
+        self._status_file = os.environ.get(STATUS_FILE_ENV) or None
+
+    def load_model(self, target_model) -> None:
+        self.engine.load_model(target_model)
+        self.on_model_loaded()
+
+    def on_model_loaded(self) -> None:
+        """Hook for subclasses: the model's layer count is known from here on."""
+
+    def propose(self, *args, **kwargs):
+        # vLLM's custom_class loader requires this method; the runner patch calls
+        # propose_from_runner instead, which gets the runner's state.
+        raise RuntimeError(
+            "vllm-layerskip proposers are called through the plugin's model-runner "
+            "patch; was the plugin loaded (vllm.general_plugins entry point)?"
+        )
+
+    def draft(self, runner, requests: DraftRequests) -> DraftResult:
+        raise NotImplementedError
+
+    def before_draft(self, runner, requests: DraftRequests) -> None:
+        """Hook for subclasses: work done each step before drafting (e.g. an
+        optimization step), kept out of the measured draft cost."""
+
+    def on_verified(self, num_drafted: int, num_accepted: int) -> None:
+        """Hook for subclasses: how many of last step's draft tokens were accepted."""
+
+    def propose_from_runner(
+        self, runner, sampled_token_ids: list[list[int]], scheduler_output=None
+    ) -> DraftResult:
+        start = time.perf_counter()
+        self._observe_verified_step(runner, sampled_token_ids, scheduler_output, start)
+        requests = self.engine.select_requests(runner, sampled_token_ids)
+        self.before_draft(runner, requests)
+        if self.policy is not None and len(requests.rows):
+            # The cost model learns from this rank's clock; every rank must run
+            # the same number of draft forwards, so rank 0's choice holds.
+            plan = self.agreement.share(
+                self.policy.choose(len(requests.rows), self._ran_prompt_chunks(scheduler_output))
+            )
+            requests.budget = np.minimum(requests.budget, plan.length)
+            if plan.rows < len(requests.rows):
+                self._limit_to_probe_rows(requests, plan.rows)
+        draft_start = time.perf_counter()
+        result = self._draft_or_nothing(runner, requests)
+        draft_seconds = time.perf_counter() - draft_start
+        if self.policy is not None and result.num_forward_steps:
+            rows_per_step = result.num_rows_run / result.num_forward_steps
+            self.policy.observe_draft(rows_per_step, draft_seconds / result.num_forward_steps)
+        req_ids = runner.input_batch.req_ids
+        self._last_drafted = {
+            req_ids[row]: len(tokens) for row, tokens in enumerate(result.token_ids) if tokens
+        }
+        self.stats.record(result, draft_seconds)
+        self.bookkeeping.observe(req_ids, self.tracked_request_ids())
+        self._maybe_log()
+        self._maybe_write_status()
+        self._last_end = time.perf_counter()
+        return result
+
+    def _limit_to_probe_rows(self, requests: DraftRequests, num_rows: int) -> None:
+        """A probe drafts for `num_rows` of the step's requests, the others
+        decode plainly. Which ones rotates over the batch from probe to probe.
+        (The offset counts shared plans only, so it agrees across ranks.)"""
+        total = len(requests.rows)
+        probed = (self._probe_offset + np.arange(num_rows)) % total
+        keep = np.zeros(total, dtype=bool)
+        keep[probed] = True
+        requests.budget = np.where(keep, requests.budget, 0)
+        self._probe_offset = (self._probe_offset + num_rows) % total
+
+    def _draft_or_nothing(self, runner, requests: DraftRequests) -> DraftResult:
+        """A draft pass that raises, or hands back non-finite draft probabilities,
+        costs this step its drafts, not the engine: the step decodes as plain
+        decoding does, and the next step drafts again. Safe because verification
+        decides every output token: K/V a failed pass wrote sits past each
+        request's verified length, where nothing reads it before the target
+        overwrites it. Under tensor parallelism this holds only for failures on
+        every rank (README, "Tensor parallelism")."""
+        num_rows = len(runner.input_batch.req_ids)
+        if not requests.budget.any():
+            # The cost model chose plain decoding for this step (or no request has
+            # room left): no draft pass, and none of its per-step set-up.
+            return _no_drafts(num_rows)
+        try:
+            maybe_fail("draft")
+            result = self.draft(runner, requests)
+            # A NaN or inf anywhere in a draft's logits reaches its token's top-1
+            # probability (already on the CPU: no full-vocabulary scan here).
+            if not all(math.isfinite(p) for row in result.top1_probs for p in row):
+                raise FloatingPointError("draft probabilities are not finite (NaN or inf)")
+            return result
+        except Exception as e:  # noqa: BLE001 - contained: the step runs without drafts
+            self.stats.draft_failures += 1
+            self.stats.last_draft_error = f"{type(e).__name__}: {e}"
+            if self.stats.draft_failures == 1:
+                logger.exception(
+                    "vllm-layerskip %s: the draft pass failed (step %d, %d requests, K=%d); "
+                    "this step decodes without drafts and the next one drafts again. "
+                    "Further failures are counted in status()['draft_failures'], not logged.",
+                    self.method, self.stats.num_proposals, len(requests.rows),
+                    self.num_speculative_tokens,
+                )
+            return _no_drafts(num_rows)
+
+    def _ran_prompt_chunks(self, scheduler_output) -> bool:
+        """Whether the step just run also processed prompt chunks (more tokens for
+        a request than a verify step has): its cost is not a verify step's."""
+        if scheduler_output is None:
+            return False
+        per_request = scheduler_output.num_scheduled_tokens.values()
+        return bool(per_request) and max(per_request) > 1 + self.num_speculative_tokens
+
+    def _observe_verified_step(self, runner, sampled_token_ids, scheduler_output, now) -> None:
+        """Learn from the step that just verified our last drafts."""
+        req_ids = runner.input_batch.req_ids
+        total_drafted = total_accepted = 0
+        for row, sampled in enumerate(sampled_token_ids[: len(req_ids)]):
+            drafted = self._last_drafted.get(req_ids[row], 0)
+            if drafted and sampled:
+                accepted = min(len(sampled) - 1, drafted)
+                total_drafted += drafted
+                total_accepted += accepted
+                if self.policy is not None:
+                    self.policy.observe_acceptance(drafted, accepted)
+        if total_drafted:
+            self.on_verified(total_drafted, total_accepted)
+        if self.policy is None or scheduler_output is None or self._last_end is None:
+            return
+        # Steps that also ran a prompt chunk cost differently per token than
+        # decode/verify steps; only the latter describe drafting's cost.
+        if scheduler_output.num_scheduled_tokens and not self._ran_prompt_chunks(scheduler_output):
+            self.policy.observe_verify(
+                scheduler_output.total_num_scheduled_tokens, now - self._last_end
+            )
+
+    def _maybe_log(self) -> None:
+        if time.monotonic() - self._last_log < LOG_INTERVAL_S:
+            return
+        self._last_log = time.monotonic()
+        logger.info("vllm-layerskip %s: %s", self.method, self.status())
+
+    def tracked_request_ids(self) -> set[str]:
+        """Ids of the requests this proposer holds state for. vLLM drops finished
+        and aborted requests from the input batch, and so must the proposer: a
+        subclass that keeps per-request state adds its ids here, and the status
+        shows any id kept beyond the batch."""
+        return set(self._last_drafted)
+
+    def _maybe_write_status(self) -> None:
+        if self._status_file is None or not self.agreement.is_leader:
+            return
+        status = {"method": self.method, "written_at": time.time(), **self.status()}
+        try:
+            write_json_atomic(self._status_file, status, durable=False, default=str)
+        except OSError as e:  # a debugging aid must not stop serving
+            logger.error("vllm-layerskip: cannot write %s=%s (%s); no longer writing it",
+                         STATUS_FILE_ENV, self._status_file, e)
+            self._status_file = None
+
+    def status(self) -> dict:
+        status = self.stats.as_dict()
+        status["requests"] = self.bookkeeping.as_dict()
+        if self.policy is not None:
+            status["cost_model"] = self.policy.summary()
+        return status
+
+
+def _no_drafts(num_rows: int) -> DraftResult:
+    return DraftResult([[] for _ in range(num_rows)], None, 0, [[] for _ in range(num_rows)])
+
+
+class RequestBookkeeping:
+    """How much per-request state the proposer holds, after each step: it must
+    never exceed the batch (no state left behind by finished or aborted requests)."""
+
+    def __init__(self):
+        self.in_batch = 0  # requests in the input batch at the last step
+        self.tracked = 0  # requests the proposer holds state for
+        self.tracked_outside_batch = 0  # of those, requests no longer in the batch
+        self.max_tracked = 0
+
+    def observe(self, batch_req_ids, tracked: set[str]) -> None:
+        self.in_batch = len(batch_req_ids)
+        self.tracked = len(tracked)
+        self.tracked_outside_batch = len(tracked.difference(batch_req_ids))
+        self.max_tracked = max(self.max_tracked, self.tracked)
+
+    def as_dict(self) -> dict:
+        return dict(vars(self))
+
+
+class ProposerStats:
+    """Counters a benchmark or test reads from the proposer (worker process)."""
+
+    def __init__(self):
+        self.num_proposals = 0
+        self.num_forward_steps = 0
+        self.num_draft_tokens = 0
+        self.num_rows_run = 0  # rows the draft forwards ran (>= tokens: early exit)
+        self.draft_seconds = 0.0
+        self.draft_failures = 0  # draft passes that raised (the step ran without drafts)
+        self.last_draft_error: str | None = None
+
+    def record(self, result: DraftResult, seconds: float) -> None:
+        self.num_proposals += 1
+        self.num_forward_steps += result.num_forward_steps
+        self.num_draft_tokens += result.num_draft_tokens
+        self.num_rows_run += result.num_rows_run
+        self.draft_seconds += seconds
+
+    def as_dict(self) -> dict:
+        return dict(vars(self))

@@ -1,0 +1,335 @@
+"""`vllm-layerskip search`: Self-SD's offline Bayesian search of the skip set.
+
+One `layer_skip` engine is built once; every iteration swaps its skip set (on
+every worker, through collective_rpc), generates the calibration prompts with a
+fixed draft length and scores the set:
+
+- objective "speed" (the paper's): output tokens per second of self-speculative
+  generation on the calibration set (= 1 / time per verified token);
+- objective "proxy" (for slow or noisy machines): SWIFT's Eq. 6 expected speedup
+  E = M alpha / ((M-1) c + alpha) from the measured mean acceptance length M,
+  acceptance rate alpha and draft-step cost c (draft step time / rest of a step,
+  measured in the same run); timing noise only enters through c.
+
+The Gaussian process and the suggestions are skip_search.BayesianSetOptimizer.
+The first candidates are the seed sets (`--init uniform`: the evenly spread set)
+and a few random sets. Every evaluation is appended to a checkpoint next to the
+output (`OUT.search.json`); a later run with the same settings resumes from it.
+Ctrl-C stops the search and still writes the profile of the best set so far.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from vllm_layerskip.core.errors import LayerSkipConfigError
+from vllm_layerskip.methods.self_sd.profile import SkipProfile, save_profile
+from vllm_layerskip.core.set_search import BayesianSetOptimizer, Coords, SubLayerSpace
+
+CHECKPOINT_FORMAT = "vllm-layerskip/search-checkpoint"
+RANDOM_STARTS = 3
+
+
+def load_prompts(path: str | None, n: int) -> list[str]:
+    """Prompts from a JSON-lines file (Spec-Bench `turns`, or `prompt`/`text`),
+    or one prompt per line of a text file; default: Spec-Bench, round-robin over
+    categories so the calibration set is varied."""
+    from vllm_layerskip.core.measure import load_spec_bench
+
+    if path is None:
+        questions = load_spec_bench(per_category=math.ceil(n / 13))
+        by_cat: dict[str, list[str]] = {}
+        for q in questions:
+            by_cat.setdefault(q["category"], []).append(q["prompt"])
+        mixed = [p for group in zip(*by_cat.values()) for p in group]
+        return mixed[:n]
+    prompts = []
+    for line in Path(path).read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError:
+            item = line
+        if isinstance(item, dict):
+            item = (item.get("turns") or [None])[0] or item.get("prompt") or item.get("text")
+        if not isinstance(item, str):
+            raise ValueError(f"{path}: cannot read a prompt from line {line[:80]!r}")
+        prompts.append(item)
+    if not prompts:
+        raise ValueError(f"{path} holds no prompts")
+    return prompts[:n]
+
+
+def _set_mask(worker, run_attn, run_mlp):
+    from vllm_layerskip.core.skip_mask import SkipMask
+
+    worker.model_runner.drafter.set_mask(SkipMask(tuple(run_attn), tuple(run_mlp)))
+
+
+def _drafter_status(worker):
+    return worker.model_runner.drafter.status()
+
+
+class Evaluator:
+    """Generates the calibration set with a given skip set and scores it."""
+
+    def __init__(self, model: str, prompts: list[str], k: int, max_tokens: int,
+                 dtype: str, max_model_len: int):
+        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc sends functions
+        from vllm import LLM, SamplingParams
+
+        from vllm_layerskip.core.measure import chat_prompts
+
+        spec = {"method": "layer_skip", "num_speculative_tokens": k,
+                "adaptive_draft_length": False, "skip_ratio": 0.0}
+        self.llm = LLM(model=model, speculative_config=spec, dtype=dtype, enforce_eager=True,
+                       max_model_len=max_model_len, disable_log_stats=False, seed=0)
+        self.prompts = chat_prompts(self.llm, prompts)
+        self.params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        self.num_layers = self.llm.llm_engine.model_config.hf_text_config.num_hidden_layers
+        self.llm.generate(self.prompts[:1], SamplingParams(temperature=0, max_tokens=4),
+                          use_tqdm=False)  # warm-up
+
+    def evaluate(self, mask) -> dict:
+        from vllm_layerskip.core.measure import spec_decode_counters
+
+        self.llm.collective_rpc(_set_mask, args=(mask.run_attn, mask.run_mlp))
+        counters0 = spec_decode_counters(self.llm)
+        stats0 = self.llm.collective_rpc(_drafter_status)[0]
+        start = time.perf_counter()
+        outs = self.llm.generate(self.prompts, self.params, use_tqdm=False)
+        seconds = time.perf_counter() - start
+        counters = spec_decode_counters(self.llm) - counters0
+        stats = self.llm.collective_rpc(_drafter_status)[0]
+        tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+        draft_s = stats["draft_seconds"] - stats0["draft_seconds"]
+        draft_steps = stats["num_forward_steps"] - stats0["num_forward_steps"]
+        proposals = stats["num_proposals"] - stats0["num_proposals"]
+        # c: one draft step against the rest of an engine step (verify, sampling,
+        # scheduling), both measured in this run.
+        rest_per_step = (seconds - draft_s) / max(proposals, 1)
+        c = (draft_s / max(draft_steps, 1)) / rest_per_step if rest_per_step > 0 else float("inf")
+        m = counters.mean_acceptance_length if counters.drafts else 1.0
+        alpha = counters.acceptance_rate if counters.draft_tokens else 0.0
+        expected = m * alpha / ((m - 1) * c + alpha) if alpha > 0 else 0.0
+        return {"tokens_per_second": tokens / seconds, "M": m, "alpha": alpha, "c": c,
+                "expected_speedup": expected, "seconds": seconds}
+
+    def close(self) -> None:
+        from vllm_layerskip.core.measure import shutdown
+
+        shutdown(self.llm)
+
+
+def _rescore(objective: str, history: list[dict]) -> None:
+    """Objective values of every evaluation so far.
+
+    speed: the measured tokens/s. proxy: Eq. 6 with each set's own M and alpha but
+    the median draft cost c of all evaluations: c depends on how many sub-layers
+    run (fixed in a fixed-size search) and its per-run measurement is the noisy
+    part; the median keeps one slow run from ranking a set first or last."""
+    if objective == "speed":
+        for h in history:
+            h["value"] = h["tokens_per_second"]
+        return
+    c = float(np.median([h["c"] for h in history]))
+    for h in history:
+        m, alpha = h["M"], h["alpha"]
+        h["value"] = m * alpha / ((m - 1) * c + alpha) if alpha > 0 else 0.0
+        h["c_used"] = c
+
+
+def run_search(args) -> SkipProfile:
+    from tqdm import tqdm
+
+    from vllm_layerskip.core.identity import model_identity
+
+    model = args.model  # the CLI fills in the default model
+    prompts = load_prompts(args.prompts, args.num_prompts)
+    settings = {
+        "model": os.path.basename(str(model).rstrip("/")), "prompts": args.prompts or "spec_bench",
+        "num_prompts": len(prompts), "max_tokens": args.max_tokens, "k": args.k,
+        "skip_ratio": args.skip_ratio, "objective": args.objective, "seed": args.seed,
+        "dtype": args.dtype, "init": args.init,
+        "init_from": getattr(args, "init_from", None),
+    }
+    out = Path(args.out)
+    checkpoint = Path(str(out) + ".search.json")
+    history = _load_checkpoint(checkpoint, settings) if args.resume else []
+    if history:
+        print(f"resuming from {checkpoint}: {len(history)} evaluations", flush=True)
+
+    evaluator = Evaluator(model, prompts, args.k, args.max_tokens, args.dtype, args.max_model_len)
+    identity = model_identity(evaluator.llm.llm_engine.model_config)
+    space = SubLayerSpace(evaluator.num_layers)
+    count = None if args.skip_ratio is None else max(1, round(args.skip_ratio * space.dim))
+    bo = BayesianSetOptimizer(space, args.seed)
+    rng = np.random.default_rng(args.seed + len(history))
+    if history:
+        _rescore(args.objective, history)
+    for h in history:
+        bo.register(tuple(h["coords"]), h["value"])
+    seeds: list[Coords] = [space.evenly_spread(count or space.dim // 2)] if args.init == "uniform" else []
+    seeds += [_seed_set(path, space, count) for path in getattr(args, "init_from", None) or []]
+
+    start = time.perf_counter()
+    bar = tqdm(total=args.iterations, initial=min(len(history), args.iterations),
+               desc="skip-set search", file=sys.stdout)
+    try:
+        while len(history) < args.iterations:
+            i = len(history)
+            if i < len(seeds):
+                coords = seeds[i]
+            elif i < len(seeds) + RANDOM_STARTS or bo.num_observations == 0:
+                coords = _random_set(space, rng, count)
+            else:
+                coords = bo.suggest(count) if count else _free_suggestion(bo, space)
+            if any(tuple(h["coords"]) == coords for h in history):
+                # Greedy evaluation is deterministic: a set already scored would
+                # score the same. Try a neighbour of the best set instead.
+                best_coords = tuple(max(history, key=lambda h: h["value"])["coords"])
+                coords = _neighbour(space, rng, best_coords, history)
+            result = evaluator.evaluate(space.mask(coords))
+            history.append({"coords": list(coords), **result})
+            _rescore(args.objective, history)
+            bo.register(coords, history[-1]["value"])
+            value = history[-1]["value"]
+            _save_checkpoint(checkpoint, settings, history)
+            best = max(history, key=lambda h: h["value"])
+            bar.update(1)
+            bar.set_postfix(best=f"{best['value']:.3f}", last=f"{value:.3f}",
+                            M=f"{best['M']:.2f}", alpha=f"{best['alpha']:.2f}")
+    except KeyboardInterrupt:
+        print("\nstopped: writing the profile of the best set so far", flush=True)
+    finally:
+        bar.close()
+        evaluator.close()
+    if not history:
+        raise SystemExit("no evaluation finished; nothing to write")
+
+    best = max(history, key=lambda h: h["value"])
+    sets = space.layer_sets(tuple(best["coords"]))
+    profile = SkipProfile(
+        model=identity,
+        skip_attn=sets["skip_attn"],
+        skip_mlp=sets["skip_mlp"],
+        objective={"name": args.objective, "value": best["value"], "higher_is_better": True,
+                   **{k: best[k] for k in ("tokens_per_second", "M", "alpha", "c",
+                                           "expected_speedup")}},
+        search={**settings, "iterations": len(history),
+                "seconds_this_run": time.perf_counter() - start,
+                "command": " ".join(["vllm-layerskip", *sys.argv[1:]])},
+        created=datetime.datetime.now().isoformat(timespec="seconds"),
+    )
+    save_profile(out, profile)
+    print(f"wrote {out}: {len(sets['skip_attn']) + len(sets['skip_mlp'])} sub-layers skipped, "
+          f"{args.objective} {best['value']:.4f} (M {best['M']:.2f}, alpha {best['alpha']:.2f})")
+    return profile
+
+
+def _neighbour(space: SubLayerSpace, rng, coords: Coords, history: list[dict]) -> Coords:
+    """A set one swap away from `coords` (one skipped sub-layer run, one run
+    sub-layer skipped) that has not been scored yet."""
+    seen = {tuple(h["coords"]) for h in history}
+    skipped = list(coords)
+    kept = [c for c in range(space.dim) if c not in coords]
+    for _ in range(100):
+        out = set(skipped)
+        out.remove(skipped[rng.integers(len(skipped))])
+        out.add(kept[rng.integers(len(kept))])
+        candidate = tuple(sorted(out))
+        if candidate not in seen:
+            return candidate
+    return space.random(rng, len(coords))
+
+
+def _seed_set(path: str, space: SubLayerSpace, count: int | None) -> Coords:
+    """The skip set of a profile or a SWIFT state file, to start the search from
+    (cut to `count` sub-layers, keeping the lowest coordinates, if it is larger)."""
+    try:
+        data = json.loads(Path(path).read_text())
+        sets = data["best"] if data.get("format") == "vllm-layerskip/swift-state" else data
+        coords = space.coords(sets["skip_attn"], sets["skip_mlp"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise LayerSkipConfigError(
+            f"--init-from {path}: not a skip profile or SWIFT state file ({e!r})") from e
+    return coords[:count] if count else coords
+
+
+def _random_set(space: SubLayerSpace, rng, count: int | None) -> Coords:
+    if count:
+        return space.random(rng, count)
+    return space.random(rng, int(rng.integers(1, space.dim)))
+
+
+def _free_suggestion(bo: BayesianSetOptimizer, space: SubLayerSpace) -> Coords:
+    """Free-size search (the paper's): skip every coordinate suggested above 0.5,
+    at least one and never all."""
+    point = np.array([bo.optimizer.suggest()[n] for n in space.param_names])
+    n = int(np.clip((point > 0.5).sum(), 1, space.dim - 1))
+    return space.top(point, n)
+
+
+def _load_checkpoint(path: Path, settings: dict) -> list[dict]:
+    if not path.exists():
+        return []
+    try:
+        data = json.loads(path.read_text())
+        assert data["format"] == CHECKPOINT_FORMAT
+        history = list(data["history"])
+    except Exception as e:  # noqa: BLE001 - any corruption gets the same advice
+        raise LayerSkipConfigError(
+            f"Search checkpoint {path} is corrupt ({e!r}); delete it or use --no-resume."
+        ) from e
+    if data.get("settings") != settings:
+        raise LayerSkipConfigError(
+            f"Search checkpoint {path} was written with other settings "
+            f"({data.get('settings')} vs {settings}); use the same settings, another "
+            "--out, or --no-resume."
+        )
+    return history
+
+
+def _save_checkpoint(path: Path, settings: dict, history: list[dict]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"format": CHECKPOINT_FORMAT, "settings": settings,
+                               "history": history}, indent=1))
+    os.replace(tmp, path)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--model", help="model path (default: SmolLM2-135M-Instruct, converted)")
+    p.add_argument("--prompts", help="calibration prompts: JSON lines (Spec-Bench 'turns', "
+                                     "'prompt' or 'text') or plain text lines "
+                                     "(default: Spec-Bench, mixed categories)")
+    p.add_argument("--num-prompts", type=int, default=8, help="calibration prompts used (paper: 8)")
+    p.add_argument("--max-tokens", type=int, default=48, help="new tokens per prompt")
+    p.add_argument("--iterations", type=int, default=200, help="evaluations in all (paper: 1000)")
+    p.add_argument("--objective", choices=("speed", "proxy"), default="speed",
+                   help="speed: measured tokens/s (the paper's); proxy: Eq. 6 expected "
+                        "speedup from measured M, alpha, c (less timing noise)")
+    p.add_argument("--skip-ratio", type=float, default=0.45,
+                   help="search sets of round(r * 2(L-2)) sub-layers; --free-size: any size")
+    p.add_argument("--free-size", dest="skip_ratio", action="store_const", const=None,
+                   help="let the search choose how many sub-layers to skip (the paper's)")
+    p.add_argument("--k", type=int, default=4, help="draft length during the search")
+    p.add_argument("--init", choices=("uniform", "none"), default="uniform",
+                   help="seed the search with the evenly spread set")
+    p.add_argument("--init-from", nargs="+", metavar="FILE",
+                   help="also seed the search with the sets of these profiles or SWIFT "
+                        "state files")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--no-resume", dest="resume", action="store_false",
+                   help="ignore an existing checkpoint (OUT.search.json)")
+    p.add_argument("--out", required=True, help="profile JSON to write")

@@ -1,1 +1,0 @@
-"""One proposer per method; each builds on `base.LayerSkipProposerBase`."""

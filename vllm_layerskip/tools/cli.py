@@ -1,0 +1,79 @@
+"""`vllm-layerskip` command: prepare a model, run the demo, search and train
+what some methods load.
+
+    vllm-layerskip prepare-model [NAME]   # build a known model once, print its path
+    vllm-layerskip demo              # plain vs layer_skip on Spec-Bench prompts
+    vllm-layerskip search --out P    # Self-SD: Bayesian search of a skip profile
+    vllm-layerskip train-heads --prompts F --layers 8,15,22 --out H   # AdaDecode exit heads
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="vllm-layerskip", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    from vllm_layerskip.tools import demo as demo_tool
+    from vllm_layerskip.tools.prepare_model import CATALOG, DEFAULT_MODEL
+
+    prepare = sub.add_parser(
+        "prepare-model", help="build a known model once (cached) and print its path",
+        description="Known models: " + "; ".join(f"{m.name}: {m.about}" for m in CATALOG.values()))
+    prepare.add_argument("name", nargs="?", default=DEFAULT_MODEL,
+                         help=f"one of {', '.join(CATALOG)} (default: {DEFAULT_MODEL})")
+    demo = sub.add_parser("demo", help="plain vs speculative decoding on the default model")
+    demo.add_argument("--model", help="model path (default: SmolLM2-135M-Instruct, converted)")
+    demo.add_argument("--speculative-config", default=json.dumps(demo_tool.DEMO_SPEC),
+                      help=f"JSON, as for vllm serve (default: {json.dumps(demo_tool.DEMO_SPEC)})")
+    demo.add_argument("--num-prompts", type=int, default=4)
+    demo.add_argument("--max-tokens", type=int, default=96)
+    from vllm_layerskip.methods.self_sd.search_tool import add_arguments
+
+    search = sub.add_parser("search", help="Bayesian search of a skip set; writes a profile "
+                                           "for method self_sd")
+    add_arguments(search)
+    from vllm_layerskip.methods.adadecode import training as heads_training
+
+    train_heads = sub.add_parser("train-heads", help="train AdaDecode exit heads (model frozen); "
+                                                     "writes a heads file for method adadecode")
+    heads_training.add_arguments(train_heads)
+    args = parser.parse_args(argv)
+
+    if args.command in ("train-heads", "search") and not args.model:
+        from vllm_layerskip.tools.prepare_model import ensure_default_model
+
+        args.model = ensure_default_model()
+
+    if args.command == "train-heads":
+        heads_training.run_train_heads(args)
+        return 0
+
+    if args.command == "search":
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        from vllm_layerskip.methods.self_sd.search_tool import run_search
+
+        run_search(args)
+        return 0
+
+    if args.command == "prepare-model":
+        from vllm_layerskip.tools.gguf_parts import ModelPreparationError
+        from vllm_layerskip.tools.prepare_model import ensure_model
+
+        try:
+            path = ensure_model(args.name)
+        except ModelPreparationError as e:
+            print(f"vllm-layerskip prepare-model: {e}", file=sys.stderr)
+            return 1
+        print(path)  # the last line: scripts read it
+        return 0
+    return demo_tool.run_demo(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
