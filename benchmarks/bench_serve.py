@@ -45,10 +45,13 @@ SERVER_GIB = 3.6
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct")
+    p.add_argument("--dataset-path", default=None,
+                   help="Spec-Bench's question.jsonl (default: $SPEC_BENCH_QUESTIONS, or beside the "
+                        "checkout; without either, the project's own prompts, with a notice)")
     p.add_argument("--methods", nargs="+", choices=METHODS, default=list(DEFAULT_METHODS))
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--ratios", type=float, nargs="+", default=[0.45])
-    p.add_argument("--swift-ratio", type=float, default=0.45)
+    p.add_argument("--swift-ratio", type=float, default=None)
     p.add_argument("--clasp-ratio", type=float, default=None)
     p.add_argument("--method-options", type=json.loads, default={})
     p.add_argument("--draft-length", nargs="+", choices=("adaptive", "fixed"), default=["adaptive"])
@@ -219,10 +222,10 @@ def fmt(v, spec=".2f") -> str:
 def main() -> None:
     args = parse_args()
     from vllm_layerskip.tools.prepare_model import ensure_default_model
-    from vllm_layerskip.core.measure import spec_bench_path
+    from vllm_layerskip.tools.prompts import benchmark_dataset
 
     model = args.model or ensure_default_model()
-    questions = spec_bench_path()
+    questions = benchmark_dataset(args.dataset_path)
     configs = build_configs(args, model)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = os.path.join(args.out, f"serve_{stamp}")

@@ -53,7 +53,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout
 
-from vllm_layerskip.core.measure import spec_bench_path  # noqa: E402
+from vllm_layerskip.tools.prompts import benchmark_dataset  # noqa: E402
 from vllm_layerskip.methods.registry import METHOD_NAMES  # noqa: E402
 from vllm_layerskip.core.proposer import STATUS_FILE_ENV  # noqa: E402
 
@@ -116,7 +116,7 @@ def build_workload(model: str, num_requests: int, num_long: int, cancel_fraction
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     rng = np.random.default_rng(seed)
-    questions = [json.loads(line) for line in Path(spec_bench_path()).read_text().splitlines()
+    questions = [json.loads(line) for line in Path(benchmark_dataset()).read_text().splitlines()
                  if line.strip()]
     texts = [(q["category"], q["turns"][0]) for q in questions]
     lengths = [chat_length(tokenizer, t) for _, t in texts]

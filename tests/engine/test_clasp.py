@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_llm
+from conftest import make_llm, owned_questions
 from vllm import SamplingParams
 
 from vllm_layerskip.methods.clasp.dp_snapshot import SnapshotTaker
@@ -20,7 +20,6 @@ from vllm_layerskip.core.faults import ENV_VAR
 from vllm_layerskip.methods.clasp.layer_dp import clasp_dp
 from vllm_layerskip.core.measure import (
     chat_prompts,
-    load_spec_bench,
     proposer_stats,
     shutdown,
     spec_decode_counters,
@@ -116,7 +115,7 @@ MAX_TOKENS = 48
 
 
 def run_workload(llm, single=True):
-    questions = [q["prompt"] for q in load_spec_bench(per_category=1)][:8]
+    questions = owned_questions(8)
     prompts = chat_prompts(llm, questions)
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
     batch = llm.generate(prompts, params, use_tqdm=False)

@@ -2,16 +2,16 @@
 stay those of plain decoding: the draft engine writes KV only into slots of blocks
 the scheduler gave the request (its lookahead slots), never elsewhere."""
 
-from conftest import make_llm
+from conftest import make_llm, owned_questions
 from vllm import SamplingParams
 
-from vllm_layerskip.core.measure import chat_prompts, load_spec_bench, shutdown, spec_decode_counters
+from vllm_layerskip.core.measure import chat_prompts, shutdown, spec_decode_counters
 
 NUM_BLOCKS = 12  # x 128-token blocks on CPU: far less than 8 requests need at once
 
 
 def workload(llm):
-    questions = [q["prompt"] for q in load_spec_bench(per_category=1)][:8]
+    questions = owned_questions(8)
     return chat_prompts(llm, questions), SamplingParams(temperature=0, max_tokens=160, ignore_eos=True)
 
 

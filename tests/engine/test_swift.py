@@ -4,13 +4,12 @@ optimizer thread leaves serving running with the last good set."""
 
 import pytest
 import torch
-from conftest import make_llm
+from conftest import make_llm, owned_questions
 from vllm import SamplingParams
 
 from vllm_layerskip.core.faults import ENV_VAR
 from vllm_layerskip.core.measure import (
     chat_prompts,
-    load_spec_bench,
     proposer_stats,
     shutdown,
     spec_decode_counters,
@@ -53,7 +52,7 @@ def _generate(llm, questions, max_tokens):
 
 @pytest.fixture(scope="module")
 def questions():
-    qs = [q["prompt"] for q in load_spec_bench(per_category=4)]
+    qs = owned_questions(52)
     return {"train": qs[0::2], "held_out": qs[1::2][:8]}
 
 

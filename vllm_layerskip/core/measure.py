@@ -1,49 +1,46 @@
-"""Measuring offline runs: Spec-Bench prompts, vLLM's spec-decode counters, timing.
+"""Measuring offline runs: prompt files, vLLM's spec-decode counters, timing,
+the proposer's status.
 
-Shared by the demo (`vllm-layerskip demo`), the benchmarks and the tests.
+Shared by the tools (demo, draft-vocab), the methods' offline searches, the
+benchmarks and the tests.
 """
 
 from __future__ import annotations
 
 import gc
 import json
-import os
 import time
 from dataclasses import dataclass
 
-SPEC_BENCH_DEFAULT = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-    "..",
-    "shared",
-    "data",
-    "spec_bench",
-    "question.jsonl",
-)
-
-
-def spec_bench_path() -> str:
-    """Spec-Bench questions: $SPEC_BENCH_QUESTIONS, else ../shared/data/spec_bench."""
-    path = os.environ.get("SPEC_BENCH_QUESTIONS", os.path.normpath(SPEC_BENCH_DEFAULT))
-    if not os.path.isfile(path):
-        raise FileNotFoundError(
-            f"Spec-Bench questions not found at {path}; set SPEC_BENCH_QUESTIONS to "
-            "the path of question.jsonl."
-        )
-    return path
-
-
-def load_spec_bench(per_category: int, path: str | None = None) -> list[dict]:
-    """The first `per_category` questions of each Spec-Bench category (first turn)."""
-    counts: dict[str, int] = {}
+def read_questions(path: str) -> list[dict]:
+    """Prompts from a file: JSON lines with a "prompt" (this project's prompt
+    files) or "turns" (Spec-Bench; the first turn) and an optional "category",
+    or plain text, one prompt per line. [{"category", "prompt"}]"""
     out = []
-    with open(path or spec_bench_path()) as f:
-        for line in f:
-            q = json.loads(line)
-            cat = q["category"]
-            if counts.get(cat, 0) < per_category:
-                counts[cat] = counts.get(cat, 0) + 1
-                out.append({"category": cat, "prompt": q["turns"][0]})
+    with open(path) as f:
+        lines = [line.strip() for line in f if line.strip()]
+    for n, line in enumerate(lines, 1):
+        if not path.endswith(".jsonl"):
+            out.append({"category": "", "prompt": line})
+            continue
+        row = json.loads(line)
+        text = row.get("prompt") or row.get("text") or (row.get("turns") or [None])[0]
+        if not isinstance(text, str):
+            raise ValueError(f"{path}:{n}: no 'prompt', 'text' or 'turns' in {line[:80]!r}")
+        out.append({"category": row.get("category", ""), "prompt": text})
     return out
+
+
+def interleave_categories(questions: list[dict], skip_per_category: int = 0) -> list[str]:
+    """Prompts with the categories taking turns (question n of every category,
+    then n + 1, ...), starting at each category's question `skip_per_category`:
+    a few of them already make a varied set."""
+    by_category: dict[str, list[str]] = {}
+    for q in questions:
+        by_category.setdefault(q["category"], []).append(q["prompt"])
+    rounds = max((len(qs) for qs in by_category.values()), default=0)
+    return [qs[n] for n in range(skip_per_category, rounds)
+            for qs in by_category.values() if n < len(qs)]
 
 
 def chat_prompts(llm, questions: list[str]) -> list[str]:

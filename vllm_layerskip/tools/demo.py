@@ -15,13 +15,14 @@ def run_demo(args) -> int:
     from vllm import LLM, SamplingParams
 
     from vllm_layerskip.tools.prepare_model import ensure_default_model
-    from vllm_layerskip.core.measure import chat_prompts, load_spec_bench, shutdown, timed_generate
+    from vllm_layerskip.core.measure import chat_prompts, shutdown, timed_generate
+    from vllm_layerskip.tools.prompts import owned_prompts
 
     model = args.model or ensure_default_model()
     spec = json.loads(args.speculative_config)
-    # The first question of each category is timed; a second one, outside the
+    # The first prompt of each category is timed; another one, outside the
     # timed set (so not in the prefix cache), warms both engines up.
-    questions = load_spec_bench(per_category=2)
+    questions = owned_prompts()
     firsts = {q["category"]: i for i, q in reversed(list(enumerate(questions)))}
     timed = [questions[i] for i in sorted(firsts.values())][: args.num_prompts]
     spare = next(q for i, q in enumerate(questions) if i not in firsts.values())
@@ -57,7 +58,7 @@ def run_demo(args) -> int:
     accepted = sum(r.counters.accepted_tokens for r in spec_runs)
     same = [p.token_ids == s.token_ids for p, s in zip(plain, spec_runs)]
     print(f"\nModel: {model}\nSpeculative config: {json.dumps(spec)}")
-    print(f"Prompts: {len(timed)} Spec-Bench questions "
+    print(f"Prompts: {len(timed)} of the project's prompts "
           f"({', '.join(q['category'] for q in timed)}), {args.max_tokens} new tokens, batch 1, "
           "the two engines taking turns")
     print(f"{'':24}{'plain':>10}{spec['method']:>14}")

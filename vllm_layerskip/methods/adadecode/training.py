@@ -20,7 +20,6 @@ through the frozen norm and LM head, and per-layer states of whole sequences.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import shlex
 import time
@@ -31,14 +30,16 @@ import torch.nn.functional as F
 
 from vllm_layerskip.methods.adadecode.heads import ExitHeads, save_heads
 from vllm_layerskip.core.errors import LayerSkipConfigError
+from vllm_layerskip.core.measure import interleave_categories, read_questions
 from vllm_layerskip.core.identity import checkpoint_identity
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model path (default: SmolLM2-135M-Instruct, converted)")
-    parser.add_argument("--prompts", required=True,
-                        help="Spec-Bench style question.jsonl (first turn of each), or a text "
-                             "file with one prompt per line")
+    parser.add_argument("--prompts",
+                        help="prompts: JSON lines ('prompt', or Spec-Bench 'turns'; first turn of "
+                             "each) or a text file with one prompt per line (default: the "
+                             "project's own prompts)")
     parser.add_argument("--layers", required=True,
                         help="comma-separated exit layers, e.g. 8,15,22 (head i reads the "
                              "residual stream after the first i decoder layers)")
@@ -73,21 +74,14 @@ def parse_layers(text: str, num_layers: int) -> list[int]:
 
 
 def read_prompts(path: str, skip_per_category: int, count: int) -> list[str]:
-    """`count` prompts from a text file (one per line) or a Spec-Bench jsonl, whose
-    categories take turns (question n of every category, then n + 1, ...),
-    starting at each category's question `skip_per_category`."""
-    with open(path) as f:
-        lines = [line.strip() for line in f if line.strip()]
+    """`count` prompts from a prompt file (core.measure.read_questions): for JSON
+    lines with categories, the categories take turns (question n of every
+    category, then n + 1, ...), starting at each category's question
+    `skip_per_category`; a text file's lines in order."""
+    questions = read_questions(path)
     if not path.endswith(".jsonl"):
-        return lines[:count]
-    by_category: dict[str, list[str]] = {}
-    for line in lines:
-        q = json.loads(line)
-        by_category.setdefault(q["category"], []).append(q["turns"][0])
-    rounds = max(len(qs) for qs in by_category.values())
-    ordered = [qs[n] for n in range(skip_per_category, rounds)
-               for qs in by_category.values() if n < len(qs)]
-    return ordered[:count]
+        return [q["prompt"] for q in questions][:count]
+    return interleave_categories(questions, skip_per_category)[:count]
 
 
 @dataclass
