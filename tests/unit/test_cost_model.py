@@ -274,3 +274,56 @@ def test_a_cost_line_from_one_size_never_overstates_the_draft_to_step_ratio():
     assert plans == [(PROBE_LENGTH, 1)] * policy.warmup_steps
     assert policy.verify_cost.single_size == 1 + PROBE_LENGTH
     assert policy.draft_can_pay(1)
+
+
+# ---- prompt lookup: drafts copied from the context ---------------------------
+
+
+def _lookup_policy(lookup_rate, self_rate, draft_cost, k=4):
+    """A policy that has seen a CPU-like verify line (a plain step 0.2 s, +2%
+    per token), the given draft forward cost, and these acceptance rates."""
+    policy = DraftLengthPolicy(k, probe_interval=4)
+    for n in (1, 2, 3, 5, 8):
+        for _ in range(4):
+            policy.observe_verify(n, 0.2 * (1 + 0.02 * (n - 1)))
+    for _ in range(8):
+        policy.observe_draft(1, draft_cost)
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        for rate, lookup in ((lookup_rate, True), (self_rate, False)):
+            accepted = 0
+            while accepted < k and rng.random() < rate:
+                accepted += 1
+            policy.observe_acceptance(k, accepted, lookup=lookup)
+    return policy
+
+
+def test_lookup_drafts_run_long_where_they_are_accepted_and_cost_no_draft_pass():
+    # A self-draft as costly as a plain step never pays, a copied one does.
+    policy = _lookup_policy(lookup_rate=0.8, self_rate=0.8, draft_cost=0.2)
+    lookup, plan = policy.choose_with_lookup(1, False, num_lookup=1)
+    assert (lookup, plan.length) == (4, 0), plan
+    # Requests without a match decide on their own costs, sharing the verify pass.
+    lookup, plan = policy.choose_with_lookup(4, False, num_lookup=2)
+    assert lookup == 4 and plan.length == 0, plan
+    cheap = _lookup_policy(lookup_rate=0.8, self_rate=0.8, draft_cost=0.02)
+    lookup, plan = cheap.choose_with_lookup(4, False, num_lookup=2)
+    assert lookup == 4 and plan.length > 0 and plan.rows == 2
+
+
+def test_lookup_that_is_not_accepted_is_dropped_then_probed():
+    policy = _lookup_policy(lookup_rate=0.0, self_rate=0.5, draft_cost=0.02)
+    lengths = [policy.choose_with_lookup(1, False, num_lookup=1)[0] for _ in range(12)]
+    # Off, with a short probe every probe_interval (4) steps; the request then self-drafts.
+    assert lengths == [0, 0, 0, 2] * 3, lengths
+    lookup, plan = policy.choose_with_lookup(1, False, num_lookup=1)
+    assert lookup == 0 and plan.length > 0 and plan.rows == 1
+    s = policy.summary()
+    assert s["lookup_steps"] == 3 and s["lookup_acceptance_by_position"][0] < 0.05
+
+
+def test_without_lookup_rows_the_plan_is_the_self_drafting_one():
+    a = _lookup_policy(lookup_rate=0.9, self_rate=0.6, draft_cost=0.03)
+    b = _lookup_policy(lookup_rate=0.9, self_rate=0.6, draft_cost=0.03)
+    for n in (1, 3, 8):
+        assert a.choose_with_lookup(n, False, num_lookup=0) == (0, b.choose(n))

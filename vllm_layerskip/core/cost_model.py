@@ -158,7 +158,7 @@ PROBE_LENGTH = 2
 # verify pass stops being free at such sizes too. Probes alternate between
 # PROBE_ROWS and twice that many, so the draft cost is measured at two sizes and
 # its line (flat on a GPU, steep on a CPU) extrapolates to the full batch. Which
-# rows rotates (proposers/base.py), so no request's text dominates the estimate.
+# rows rotates (core/proposer.py), so no request's text dominates the estimate.
 PROBE_ROWS = 4
 
 
@@ -186,6 +186,12 @@ class DraftLengthPolicy:
 
     def __post_init__(self):
         self.acceptance = PositionAcceptance(self.max_k)
+        # Drafts copied from the context (prompt lookup): accepted at their own
+        # rates, and cost no draft pass, only their verification.
+        self.lookup_acceptance = PositionAcceptance(self.max_k)
+        self.steps_since_lookup_probe = 0
+        self.lookup_steps = 0
+        self.lookup_length_sum = 0
         self.verify_cost = LinearCost()
         # Draft forwards are timed only while drafting: once drafting is off,
         # one sample per probe, so a long window would take hundreds of probes
@@ -211,8 +217,8 @@ class DraftLengthPolicy:
     def observe_draft(self, num_rows: int, seconds_per_forward: float) -> None:
         self.draft_cost.add(num_rows, seconds_per_forward)
 
-    def observe_acceptance(self, num_drafted: int, num_accepted: int) -> None:
-        self.acceptance.observe(num_drafted, num_accepted)
+    def observe_acceptance(self, num_drafted: int, num_accepted: int, lookup: bool = False) -> None:
+        (self.lookup_acceptance if lookup else self.acceptance).observe(num_drafted, num_accepted)
 
     # ---- the decision --------------------------------------------------------
 
@@ -225,23 +231,55 @@ class DraftLengthPolicy:
         tokens = num_reqs * expected_tokens(self.acceptance.rates(), k)
         return tokens / (k * draft + verify)
 
-    def best_length(self, num_reqs: int) -> int:
-        """argmax over k of throughput(k, num_reqs), with plain decoding (k = 0)
-        ahead by `margin`. Runs every engine step: the expected tokens of every
-        k come from one pass over the acceptance rates, not one per k."""
-        plain = self.throughput(0, num_reqs)
+    def best_length(self, num_reqs: int, others: tuple[float, int] = (0.0, 0)) -> int:
+        """argmax over k of the step's throughput with num_reqs requests drafting
+        k tokens each, plain decoding (k = 0) ahead by `margin`. `others`: the
+        expected tokens and verified tokens of the step's other requests (lookup
+        drafts), which share the verify pass. Runs every engine step: the
+        expected tokens of every k come from one pass over the acceptance rates,
+        not one per k."""
+        other_tokens, other_verified = others
+        plain_verify = self.verify_cost.predict(num_reqs + other_verified)
         draft = self.draft_cost.predict(num_reqs)
-        if plain is None or draft is None:
+        if plain_verify is None or draft is None:
             return self.max_k
-        best_k, best = 0, plain * (1 + self.margin)
+        best_k, best = 0, (num_reqs + other_tokens) / plain_verify * (1 + self.margin)
         tokens, chain = 1.0, 1.0  # expected tokens per request; P(first k accepted)
         for k, rate in enumerate(self.acceptance.rates().tolist(), start=1):
             chain *= rate
             tokens += chain
-            t = num_reqs * tokens / (k * draft + self.verify_cost.predict(num_reqs * (1 + k)))
+            verify = self.verify_cost.predict(num_reqs * (1 + k) + other_verified)
+            t = (num_reqs * tokens + other_tokens) / (k * draft + verify)
             if t > best:
                 best_k, best = k, t
         return best_k
+
+    def lookup_length(self, num_reqs: int, num_lookup: int) -> int:
+        """Tokens each of the `num_lookup` requests with a lookup draft drafts
+        this step: the argmax of the step's throughput if the other requests
+        decoded plainly (a lookup draft costs only its verification, so this
+        rarely depends on them), plain decoding ahead by `margin`. 0: they
+        self-draft like the others; every probe interval they try PROBE_LENGTH
+        again, so a stream that starts copying is noticed."""
+        if len(self.verify_cost) == 0:
+            return min(PROBE_LENGTH, self.max_k)
+        verify = self.verify_cost.predict
+        best_k, best = 0, num_reqs / verify(num_reqs) * (1 + self.margin)
+        tokens, chain = 1.0, 1.0
+        for k, rate in enumerate(self.lookup_acceptance.rates().tolist(), start=1):
+            chain *= rate
+            tokens += chain
+            t = (num_lookup * tokens + num_reqs - num_lookup) / verify(num_reqs + num_lookup * k)
+            if t > best:
+                best_k, best = k, t
+        if best_k:
+            self.steps_since_lookup_probe = 0
+            return best_k
+        self.steps_since_lookup_probe += 1
+        if self.steps_since_lookup_probe >= self.probe_interval:
+            self.steps_since_lookup_probe = 0
+            return min(PROBE_LENGTH, self.max_k)
+        return 0
 
     def draft_can_pay(self, num_reqs: int) -> bool:
         """Whether some draft length could beat plain decoding at this batch
@@ -260,11 +298,31 @@ class DraftLengthPolicy:
         k = self.max_k
         return (1 + k) / (1 + k * draft / plain) > 1 + self.margin
 
-    def choose(self, num_reqs: int, prefilling: bool = False) -> DraftPlan:
+    def choose_with_lookup(self, num_reqs: int, prefilling: bool,
+                           num_lookup: int) -> tuple[int, DraftPlan]:
+        """(lookup length, plan): the draft length of the `num_lookup` requests
+        that have a lookup draft (core/lookup.py; 0: they self-draft like the
+        others), and the plan of the requests that self-draft."""
+        lookup = 0
+        if num_lookup and not (prefilling and len(self.verify_cost) == 0):
+            lookup = self.lookup_length(num_reqs, num_lookup)
+        if not lookup:
+            return 0, self.choose(num_reqs, prefilling)
+        self.lookup_steps += 1
+        self.lookup_length_sum += lookup
+        rates = self.lookup_acceptance.rates()
+        others = (num_lookup * expected_tokens(rates, lookup), num_lookup * (1 + lookup))
+        return lookup, self.choose(num_reqs - num_lookup, prefilling, others)
+
+    def choose(self, num_reqs: int, prefilling: bool = False,
+               others: tuple[float, int] = (0.0, 0)) -> DraftPlan:
         """This step's draft length (0: no drafting) and how many of its
         `num_reqs` requests draft. `prefilling`: the step also runs prompt
-        chunks (chunked prefill)."""
+        chunks (chunked prefill). `others`: expected and verified tokens of the
+        step's requests that draft otherwise (lookup), sharing its verify pass."""
         self.steps += 1
+        if num_reqs == 0:
+            return DraftPlan(0, 0)
         probe = False
         if prefilling and len(self.verify_cost) == 0:
             # Nothing measured yet, and draft tokens would share the step's token
@@ -277,7 +335,7 @@ class DraftLengthPolicy:
         ):
             k, probe = min(PROBE_LENGTH, self.max_k), True
         else:
-            k = self.best_length(num_reqs)
+            k = self.best_length(num_reqs, others)
             if k > 0:
                 self.current_probe_interval = self.probe_interval
                 self.steps_since_probe = 0
@@ -310,4 +368,11 @@ class DraftLengthPolicy:
                 self.draft_length_sum / self.steps_drafting if self.steps_drafting else 0.0
             ),
             "acceptance_by_position": [round(float(r), 3) for r in self.acceptance.rates()],
+            "lookup_steps": self.lookup_steps,
+            "mean_lookup_length": (
+                self.lookup_length_sum / self.lookup_steps if self.lookup_steps else 0.0
+            ),
+            "lookup_acceptance_by_position": [
+                round(float(r), 3) for r in self.lookup_acceptance.rates()
+            ],
         }

@@ -31,6 +31,7 @@ import torch
 from vllm.forward_context import set_forward_context
 
 from vllm_layerskip.core.attention_metadata import build_attention_metadata
+from vllm_layerskip.core.draft_head import DraftHead
 from vllm_layerskip.core.model_adapter import DecoderStack
 from vllm_layerskip.core.skip_mask import SkipMask
 
@@ -105,9 +106,14 @@ class DraftEngine:
         self.vllm_config = vllm_config
         self.num_speculative_tokens = num_speculative_tokens
         self.stack: DecoderStack | None = None
+        self.head: DraftHead | None = None
 
-    def load_model(self, target_model: torch.nn.Module) -> None:
+    def load_model(self, target_model: torch.nn.Module,
+                   draft_token_ids: torch.Tensor | None = None) -> None:
+        """`draft_token_ids`: the pruned draft vocabulary ([V_sub] ids), or None for
+        the full LM head (draft_head.py)."""
         self.stack = DecoderStack.from_model(target_model)
+        self.head = DraftHead(self.stack, draft_token_ids)
 
     @property
     def num_layers(self) -> int:
@@ -180,9 +186,10 @@ class DraftEngine:
                     runner, requests.rows[active], tokens[active], positions,
                     early_exit, exit_cap[active], step,
                 )
-            new_tokens, top1, q = self._choose(
+            columns, top1, q = self._choose(
                 logits, requests.temperature[active], requests.rows[active], runner
             )
+            new_tokens = self.head.to_token_ids(torch.from_numpy(columns)).numpy()
             steps += 1
             rows_run += active.size
             keep = []
@@ -196,7 +203,7 @@ class DraftEngine:
                 drafts[row].append(int(new_tokens[n]))
                 top1s[row].append(float(top1[n]))
                 if q is not None and sampled_rows[idx]:
-                    probs[row, step] = q[n]
+                    self.head.scatter(q[n], probs[row, step])
                 tokens[idx] = new_tokens[n]
                 done = (
                     len(drafts[row]) >= requests.budget[idx]
@@ -230,7 +237,8 @@ class DraftEngine:
             slot_mapping=slot_mapping,
         ):
             hidden = self.stack.forward_masked(ids_t, pos_t, mask.run_attn, mask.run_mlp)
-            predicted = self.stack.logits(hidden).argmax(dim=-1).cpu().numpy()
+            columns = self.head.logits(hidden).argmax(dim=-1)
+            predicted = self.head.to_token_ids(columns).cpu().numpy()
         return predicted == windows.targets
 
     def forward(
@@ -242,7 +250,7 @@ class DraftEngine:
         mask: SkipMask,
         draft_index: int = 0,
         write_kv: bool | tuple[bool, ...] = True,  # all layers, or [num_layers]
-    ) -> torch.Tensor:  # [B, vocab] float32 logits
+    ) -> torch.Tensor:  # [B, V] float32 logits over the draft head's columns
         """One decode-shaped pass (one token per request) through the kept layers.
 
         A layer whose `write_kv` is False writes nothing to the KV cache: its
@@ -262,8 +270,7 @@ class DraftEngine:
             slot_mapping=slot_mapping,
         ):
             hidden = self.stack.forward_masked(ids_t, pos_t, mask.run_attn, mask.run_mlp)
-            logits = self.stack.logits(hidden)
-        return logits.float()
+            return self.head.logits(hidden)
 
     def forward_early_exit(
         self,
@@ -311,7 +318,7 @@ class DraftEngine:
                     hidden, residual, pos_all[going], layers_run, layer
                 )
             layers_run = layer
-            logits = self.stack.exit_logits(hidden + residual, early_exit.transforms[head]).float()
+            logits = self.head.logits(self.stack.exit_stream(hidden + residual, early_exit.transforms[head]))
             if logits_out is None:
                 logits_out = torch.zeros(num, logits.shape[-1], dtype=torch.float32, device=device)
             confident = torch.softmax(logits, dim=-1).amax(dim=-1) > early_exit.threshold
@@ -323,8 +330,8 @@ class DraftEngine:
             if going.size == 0:
                 break
         if logits_out is None:  # every row capped below the first head
-            vocab = runner.model_config.get_vocab_size()
-            logits_out = torch.zeros(num, vocab, dtype=torch.float32, device=device)
+            width = self.head.num_columns(runner.model_config.get_vocab_size())
+            logits_out = torch.zeros(num, width, dtype=torch.float32, device=device)
         return logits_out, exit_layer
 
     # ---- one decoder layer at a time (layer-selection searches, e.g. CLaSp) ---

@@ -124,14 +124,14 @@ class DecoderStack:
             hidden = layer.mlp(hidden)
         return hidden, residual
 
-    def exit_logits(
+    def exit_stream(
         self,
         stream: torch.Tensor,  # [num_tokens, hidden] residual stream after some layer
         transform: torch.Tensor,  # [hidden, hidden] an exit head's T
-    ) -> torch.Tensor:  # [num_tokens, vocab]
-        """An exit head: the final norm and LM head on T @ h (AdaDecode's E* T(i))."""
-        return self.logits(self.inner.norm(stream @ transform.T))
-
+    ) -> torch.Tensor:  # [num_tokens, hidden], what the LM head reads
+        """An exit head before the LM head: the final norm on T @ h (AdaDecode's
+        E* T(i) is the LM head on this)."""
+        return self.inner.norm(stream @ transform.T)
 
     def run_layer(
         self,

@@ -25,14 +25,73 @@ class DraftingOptions:
     acceptance, so speculation never makes decoding slower (core/cost_model.py)."""
     probe_interval: int = 16
     """While drafting does not pay: steps between probes (doubling up to 512)."""
+    draft_vocab_size: int | None = None
+    """The draft scores only this many token ids, the first of the ranking
+    `draft_vocab` names (core/draft_head.py); 0: the whole vocabulary; unset:
+    the vocabulary shipped for the model at its size when there is one, else
+    the whole vocabulary. Verification always uses the whole vocabulary."""
+    draft_vocab: str | None = None
+    """A draft vocabulary file (`vllm-layerskip draft-vocab`), or "shipped" for
+    the one shipped for the model. Without `draft_vocab_size`, the draft scores
+    as many ids as the file was made for."""
+
+    prompt_lookup_max: int | None = None
+    """vLLM's key: drafts copied from the request's context where its last
+    n <= prompt_lookup_max tokens occurred before (core/lookup.py), for the
+    requests that have such a match; the others draft with the method. Off by
+    default (None or 0)."""
+    prompt_lookup_min: int | None = None
+    """vLLM's key: the shortest n-gram that counts as a match (default: as
+    prompt_lookup_max, as in vLLM's ngram method)."""
 
     def __post_init__(self):
         check_number("draft_confidence_threshold", self.draft_confidence_threshold, 0.0, 1.0)
+        self._check_prompt_lookup()
         check_bool("adaptive_draft_length", self.adaptive_draft_length)
         check_int("probe_interval", self.probe_interval, minimum=1, unit="steps")
+        if self.draft_vocab_size is not None:
+            check_int("draft_vocab_size", self.draft_vocab_size, minimum=0, unit="token ids")
+        if self.draft_vocab is not None and (not isinstance(self.draft_vocab, str) or not self.draft_vocab):
+            raise LayerSkipConfigError(
+                f"'draft_vocab' must be \"shipped\" or the path of a draft vocabulary file, "
+                f"got {self.draft_vocab!r}."
+            )
+
+    def _check_prompt_lookup(self) -> None:
+        high, low = self.prompt_lookup_max, self.prompt_lookup_min
+        for key, value in (("prompt_lookup_max", high), ("prompt_lookup_min", low)):
+            if value is not None:
+                check_int(key, value, minimum=0, unit="tokens")
+        high = low if high is None else high
+        low = high if low is None else low
+        if high and not low:
+            raise LayerSkipConfigError(
+                "'prompt_lookup_min' must be at least 1 when 'prompt_lookup_max' is set "
+                f"(got {self.prompt_lookup_min}).")
+        if low and not high:
+            raise LayerSkipConfigError(
+                f"'prompt_lookup_min' {low} needs 'prompt_lookup_max' (0 turns lookup off).")
+        if (high or 0) < (low or 0):
+            raise LayerSkipConfigError(
+                f"'prompt_lookup_min' ({low}) must be <= 'prompt_lookup_max' ({high}).")
+        object.__setattr__(self, "prompt_lookup_max", high or 0)
+        object.__setattr__(self, "prompt_lookup_min", low or 0)
+
+    def draft_token_ids(self, model: ModelIdentity):
+        """The pruned draft vocabulary ([V_sub] ids), or None for the whole one."""
+        from vllm_layerskip.core.draft_vocab import draft_token_ids, shipped_for
+
+        size = self.draft_vocab_size
+        if size == 0:
+            return None
+        if self.draft_vocab is None and size is None:  # the default: shipped, if any
+            return None if shipped_for(model) is None else draft_token_ids("shipped", 0, model)
+        return draft_token_ids(self.draft_vocab or "shipped", size or 0, model)
 
     def validate_for_model(self, model: ModelIdentity) -> None:
-        """Raise LayerSkipConfigError if the options cannot apply to this model."""
+        """Raise LayerSkipConfigError if the options cannot apply to this model.
+        Subclasses that override it call this one."""
+        self.draft_token_ids(model)
 
     def validate_for_parallelism(self, tensor_parallel_size: int) -> None:
         """Raise LayerSkipConfigError if the options cannot apply to this layout."""

@@ -10,10 +10,13 @@ import os
 import time
 
 import numpy as np
+import torch
 
 from vllm_layerskip.core.cost_model import DraftLengthPolicy
 from vllm_layerskip.core.draft_engine import DraftRequests, DraftResult, DraftEngine
 from vllm_layerskip.core.faults import maybe_fail
+from vllm_layerskip.core.identity import model_identity
+from vllm_layerskip.core.lookup import lookup_drafts
 from vllm_layerskip.core.rank_agreement import rank_agreement
 from vllm_layerskip.core.selection import get_selection
 from vllm_layerskip.core.versioned_file import write_json_atomic
@@ -61,7 +64,8 @@ class LayerSkipProposerBase:
         self.agreement = rank_agreement()
         # What the last call drafted, to learn acceptance and verify cost from the
         # step that verified it.
-        self._last_drafted: dict[str, int] = {}
+        # req id -> (draft tokens, copied from the context?)
+        self._last_drafted: dict[str, tuple[int, bool]] = {}
         self._last_end: float | None = None
         self._probe_offset = 0  # where the next probe's rows start in the batch
         self._last_log = time.monotonic()
@@ -69,7 +73,12 @@ class LayerSkipProposerBase:
         self._status_file = os.environ.get(STATUS_FILE_ENV) or None
 
     def load_model(self, target_model) -> None:
-        self.engine.load_model(target_model)
+        identity = model_identity(self.vllm_config.model_config)
+        self.engine.load_model(target_model, self.options.draft_token_ids(identity))
+        if self.engine.head.pruned:
+            logger.info("vllm-layerskip %s: drafts score %d of %d token ids (draft vocabulary %s)",
+                        self.method, self.engine.head.token_ids.numel(), identity.vocab_size,
+                        self.options.draft_vocab)
         self.on_model_loaded()
 
     def on_model_loaded(self) -> None:
@@ -100,42 +109,89 @@ class LayerSkipProposerBase:
         self._observe_verified_step(runner, sampled_token_ids, scheduler_output, start)
         requests = self.engine.select_requests(runner, sampled_token_ids)
         self.before_draft(runner, requests)
+        room = requests.budget.copy()  # draft tokens each request has room for
+        copied = self._lookup(runner, requests)  # [num_drafting] drafts from the context
+        has_copy = np.array([len(c) > 0 for c in copied], dtype=bool)
+        lookup_length = self.num_speculative_tokens if has_copy.any() else 0
         if self.policy is not None and len(requests.rows):
             # The cost model learns from this rank's clock; every rank must run
             # the same number of draft forwards, so rank 0's choice holds.
-            plan = self.agreement.share(
-                self.policy.choose(len(requests.rows), self._ran_prompt_chunks(scheduler_output))
-            )
+            lookup_length, plan = self.agreement.share(self.policy.choose_with_lookup(
+                len(requests.rows), self._ran_prompt_chunks(scheduler_output), int(has_copy.sum())
+            ))
+            self_rows = ~has_copy if lookup_length else np.ones(len(has_copy), dtype=bool)
             requests.budget = np.minimum(requests.budget, plan.length)
-            if plan.rows < len(requests.rows):
-                self._limit_to_probe_rows(requests, plan.rows)
+            if plan.rows < self_rows.sum():
+                self._limit_to_probe_rows(requests, plan.rows, self_rows)
+        # Requests drafting from their context need no model pass.
+        copying = has_copy if lookup_length else np.zeros_like(has_copy)
+        copy_budget = np.minimum(room, lookup_length)
+        requests.budget = np.where(copying, 0, requests.budget)
         draft_start = time.perf_counter()
         result = self._draft_or_nothing(runner, requests)
         draft_seconds = time.perf_counter() - draft_start
         if self.policy is not None and result.num_forward_steps:
             rows_per_step = result.num_rows_run / result.num_forward_steps
             self.policy.observe_draft(rows_per_step, draft_seconds / result.num_forward_steps)
+        copied_rows = self._add_copies(runner, requests, result, copied, copying, copy_budget)
         req_ids = runner.input_batch.req_ids
         self._last_drafted = {
-            req_ids[row]: len(tokens) for row, tokens in enumerate(result.token_ids) if tokens
+            req_ids[row]: (len(tokens), row in copied_rows)
+            for row, tokens in enumerate(result.token_ids) if tokens
         }
-        self.stats.record(result, draft_seconds)
+        self.stats.record(result, draft_seconds, copied_rows)
         self.bookkeeping.observe(req_ids, self.tracked_request_ids())
         self._maybe_log()
         self._maybe_write_status()
         self._last_end = time.perf_counter()
         return result
 
-    def _limit_to_probe_rows(self, requests: DraftRequests, num_rows: int) -> None:
-        """A probe drafts for `num_rows` of the step's requests, the others
-        decode plainly. Which ones rotates over the batch from probe to probe.
-        (The offset counts shared plans only, so it agrees across ranks.)"""
-        total = len(requests.rows)
-        probed = (self._probe_offset + np.arange(num_rows)) % total
-        keep = np.zeros(total, dtype=bool)
+    def _limit_to_probe_rows(self, requests: DraftRequests, num_rows: int,
+                             eligible: np.ndarray | None = None) -> None:
+        """A probe drafts for `num_rows` of the `eligible` requests (those
+        without a lookup draft), the others decode plainly. Which ones rotates
+        over the batch from probe to probe. (The offset counts shared plans
+        only, so it agrees across ranks.)"""
+        candidates = np.arange(len(requests.rows)) if eligible is None else np.flatnonzero(eligible)
+        total = len(candidates)
+        probed = candidates[(self._probe_offset + np.arange(num_rows)) % total]
+        keep = np.zeros(len(requests.rows), dtype=bool)
         keep[probed] = True
         requests.budget = np.where(keep, requests.budget, 0)
         self._probe_offset = (self._probe_offset + num_rows) % total
+
+    def _lookup(self, runner, requests: DraftRequests) -> list[np.ndarray]:
+        """Each drafting request's lookup draft (core/lookup.py; empty without
+        a match, or when prompt lookup is off)."""
+        if not self.options.prompt_lookup_max or not len(requests.rows):
+            return [np.zeros(0, dtype=np.int64)] * len(requests.rows)
+        batch = runner.input_batch
+        return lookup_drafts(batch.token_ids_cpu, batch.num_tokens_no_spec, requests.rows,
+                             self.options.prompt_lookup_max, self.options.prompt_lookup_min,
+                             requests.budget)
+
+    def _add_copies(self, runner, requests, result: DraftResult, copied, copying,
+                    budget) -> set[int]:
+        """Put the lookup drafts into the step's result (input-batch rows). A
+        copied token is a draft from a one-hot q: the rejection sampler accepts
+        it with probability p(x), as for vLLM's own n-gram drafts."""
+        rows = set()
+        for i in np.flatnonzero(copying):
+            tokens = copied[i][: budget[i]].tolist()
+            if not tokens:
+                continue
+            row = int(requests.rows[i])
+            result.token_ids[row] = tokens
+            result.top1_probs[row] = [1.0] * len(tokens)
+            rows.add(row)
+            if requests.temperature[i] > 0:
+                if result.probs is None:
+                    vocab = runner.model_config.get_vocab_size()
+                    result.probs = torch.zeros(runner.input_batch.num_reqs, self.num_speculative_tokens,
+                                               vocab, dtype=torch.float32, device=runner.device)
+                result.probs[row].zero_()
+                result.probs[row, torch.arange(len(tokens)), torch.tensor(tokens)] = 1.0
+        return rows
 
     def _draft_or_nothing(self, runner, requests: DraftRequests) -> DraftResult:
         """A draft pass that raises, or hands back non-finite draft probabilities,
@@ -144,7 +200,7 @@ class LayerSkipProposerBase:
         decides every output token: K/V a failed pass wrote sits past each
         request's verified length, where nothing reads it before the target
         overwrites it. Under tensor parallelism this holds only for failures on
-        every rank (README, "Tensor parallelism")."""
+        every rank (docs/tensor-parallelism.md)."""
         num_rows = len(runner.input_batch.req_ids)
         if not requests.budget.any():
             # The cost model chose plain decoding for this step (or no request has
@@ -184,13 +240,15 @@ class LayerSkipProposerBase:
         req_ids = runner.input_batch.req_ids
         total_drafted = total_accepted = 0
         for row, sampled in enumerate(sampled_token_ids[: len(req_ids)]):
-            drafted = self._last_drafted.get(req_ids[row], 0)
+            drafted, copied = self._last_drafted.get(req_ids[row], (0, False))
             if drafted and sampled:
                 accepted = min(len(sampled) - 1, drafted)
-                total_drafted += drafted
-                total_accepted += accepted
+                self.stats.record_verified(drafted, accepted, copied)
                 if self.policy is not None:
-                    self.policy.observe_acceptance(drafted, accepted)
+                    self.policy.observe_acceptance(drafted, accepted, lookup=copied)
+                if not copied:  # the method learns from its own drafts only
+                    total_drafted += drafted
+                    total_accepted += accepted
         if total_drafted:
             self.on_verified(total_drafted, total_accepted)
         if self.policy is None or scheduler_output is None or self._last_end is None:
@@ -207,6 +265,11 @@ class LayerSkipProposerBase:
             return
         self._last_log = time.monotonic()
         logger.info("vllm-layerskip %s: %s", self.method, self.status())
+
+    @property
+    def self_drafted_last_step(self) -> bool:
+        """Whether the last step ran a draft pass (lookup drafts do not)."""
+        return any(not copied for _, copied in self._last_drafted.values())
 
     def tracked_request_ids(self) -> set[str]:
         """Ids of the requests this proposer holds state for. vLLM drops finished
@@ -228,6 +291,8 @@ class LayerSkipProposerBase:
 
     def status(self) -> dict:
         status = self.stats.as_dict()
+        head = self.engine.head
+        status["draft_vocab_size"] = head.token_ids.numel() if head is not None and head.pruned else 0
         status["requests"] = self.bookkeeping.as_dict()
         if self.policy is not None:
             status["cost_model"] = self.policy.summary()
@@ -264,18 +329,33 @@ class ProposerStats:
     def __init__(self):
         self.num_proposals = 0
         self.num_forward_steps = 0
-        self.num_draft_tokens = 0
+        self.num_draft_tokens = 0  # self-drafted and copied (prompt lookup)
+        self.num_lookup_draft_tokens = 0  # copied from the context (prompt lookup)
+        # Verified draft tokens and how many were accepted, per source.
+        self.verified = {"self": [0, 0], "lookup": [0, 0]}
         self.num_rows_run = 0  # rows the draft forwards ran (>= tokens: early exit)
         self.draft_seconds = 0.0
         self.draft_failures = 0  # draft passes that raised (the step ran without drafts)
         self.last_draft_error: str | None = None
 
-    def record(self, result: DraftResult, seconds: float) -> None:
+    def record(self, result: DraftResult, seconds: float, copied_rows=()) -> None:
         self.num_proposals += 1
         self.num_forward_steps += result.num_forward_steps
         self.num_draft_tokens += result.num_draft_tokens
+        self.num_lookup_draft_tokens += sum(len(result.token_ids[r]) for r in copied_rows)
         self.num_rows_run += result.num_rows_run
         self.draft_seconds += seconds
 
+    def record_verified(self, drafted: int, accepted: int, copied: bool) -> None:
+        counts = self.verified["lookup" if copied else "self"]
+        counts[0] += drafted
+        counts[1] += accepted
+
     def as_dict(self) -> dict:
-        return dict(vars(self))
+        d = dict(vars(self))
+        d["verified"] = {
+            source: {"draft_tokens": n, "accepted": a, "acceptance": a / n if n else None}
+            for source, (n, a) in self.verified.items()
+        }
+        return d
+

@@ -5,6 +5,7 @@ what some methods load.
     vllm-layerskip demo              # plain vs layer_skip on Spec-Bench prompts
     vllm-layerskip search --out P    # Self-SD: Bayesian search of a skip profile
     vllm-layerskip train-heads --prompts F --layers 8,15,22 --out H   # AdaDecode exit heads
+    vllm-layerskip draft-vocab --size 32768 --out F   # rank the vocabulary for a pruned draft head
 """
 
 from __future__ import annotations
@@ -43,12 +44,23 @@ def main(argv: list[str] | None = None) -> int:
     train_heads = sub.add_parser("train-heads", help="train AdaDecode exit heads (model frozen); "
                                                      "writes a heads file for method adadecode")
     heads_training.add_arguments(train_heads)
+    from vllm_layerskip.tools import draft_vocab
+
+    vocab = sub.add_parser("draft-vocab", help="rank the vocabulary by the model's own answers; "
+                                               "writes a file for 'draft_vocab'")
+    draft_vocab.add_arguments(vocab)
     args = parser.parse_args(argv)
 
-    if args.command in ("train-heads", "search") and not args.model:
+    if args.command in ("train-heads", "search", "draft-vocab"):
         from vllm_layerskip.tools.prepare_model import ensure_default_model
+        from vllm_layerskip.tools.prompts import OWNED_PROMPTS
 
-        args.model = ensure_default_model()
+        args.model = args.model or ensure_default_model()
+        args.prompts = args.prompts or str(OWNED_PROMPTS)
+
+    if args.command == "draft-vocab":
+        draft_vocab.run_draft_vocab(args)
+        return 0
 
     if args.command == "train-heads":
         heads_training.run_train_heads(args)

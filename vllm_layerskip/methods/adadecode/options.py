@@ -35,4 +35,5 @@ class AdaDecodeOptions(DraftingOptions):
         check_number("threshold", self.threshold, 0.0, 1.0)
 
     def validate_for_model(self, model: ModelIdentity) -> None:
+        super().validate_for_model(model)
         load_heads(self.heads, model)

@@ -101,6 +101,7 @@ class ClaspOptions(DraftingOptions):
         return round((self.skip_ratio or self.DEFAULT_SKIP_RATIO) * num_layers)
 
     def validate_for_model(self, model: ModelIdentity) -> None:
+        super().validate_for_model(model)
         n = model.num_layers
         m = self.num_skipped(n)
         key = "num_skip_layers" if self.num_skip_layers is not None else "skip_ratio"

@@ -70,7 +70,7 @@ class ClaspProposer(LayerSkipProposerBase):
         # Off unless asked for: where the engine keeps the cores busy (this CPU,
         # under load) the thread only gets the gaps between steps, so its masks
         # arrive many steps late and the DP's work is not saved, only moved
-        # (README, "Method clasp").
+        # (docs/methods/clasp.md).
         background = bool(self.options.background_dp) and tp == 1
         self.search = ClaspSearch(
             self.options, self.engine.num_layers, self.agreement, background=background
@@ -86,7 +86,7 @@ class ClaspProposer(LayerSkipProposerBase):
         # that after this hook: the last step's decision stands in. While the
         # cost model keeps drafting off, a due DP run waits, and runs on the
         # step after drafting resumes (e.g. after a probe).
-        drafting = self.policy is None or bool(self._last_drafted)
+        drafting = self.policy is None or self.self_drafted_last_step
         self.search.step(runner, self.engine, requests, drafting)
 
     def draft(self, runner, requests: DraftRequests) -> DraftResult:

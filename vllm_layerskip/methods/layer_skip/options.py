@@ -47,6 +47,7 @@ class LayerSkipOptions(DraftingOptions):
                 )
 
     def validate_for_model(self, model: ModelIdentity) -> None:
+        super().validate_for_model(model)
         build_mask(self, model.num_layers)  # raises on indices outside the model
 
 

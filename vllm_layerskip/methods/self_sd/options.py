@@ -47,4 +47,5 @@ class SelfSdOptions(DraftingOptions):
         check_number("threshold_smoothing", self.threshold_smoothing, 0.0, 1.0)
 
     def validate_for_model(self, model: ModelIdentity) -> None:
+        super().validate_for_model(model)
         load_profile(self.profile, model)

@@ -56,7 +56,7 @@ class SwiftOptions(DraftingOptions):
     is saved up only to what the share earns in 5 s), not only on average. 1 = score every
     step (the paper's setting). Keeps optimizing from making serving slower than
     plain decoding (at 0.03, swift ran at 0.92-0.94x plain in 6 of 13 Spec-Bench
-    categories here, README)."""
+    categories here, docs/methods/swift.md)."""
     seed: int = 0
     """Seed of the random search and the Bayesian optimizer."""
     state_file: str | None = None
@@ -96,6 +96,7 @@ class SwiftOptions(DraftingOptions):
         return round(r * 2 * max(num_layers - 2, 0))
 
     def validate_for_model(self, model: ModelIdentity) -> None:
+        super().validate_for_model(model)
         if model.num_layers < 3:
             raise LayerSkipConfigError(
                 f"Method 'swift' needs a model with at least 3 decoder layers (it never "

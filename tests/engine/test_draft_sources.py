@@ -1,0 +1,134 @@
+"""At temperature 1 the output distribution stays the target's with a pruned draft
+vocabulary (q is zero outside it; on a tiny random Llama, the vocabulary leaving
+out about a third of what it samples) and with drafts copied from the context
+(q one-hot; on SmolLM2 copying a list, since a random model never repeats its
+context): the same two-sample test as test_sampling.py."""
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from conftest import make_llm
+from test_sampling import ALPHA, NUM_TOKENS, two_sample_p_value
+from vllm import SamplingParams
+from vllm.inputs import TokensPrompt
+
+from vllm_layerskip.core.draft_vocab import DraftVocab, save_draft_vocab
+from vllm_layerskip.core.identity import checkpoint_identity
+from vllm_layerskip.core.measure import proposer_stats, shutdown, spec_decode_counters
+from vllm_layerskip.tools.draft_vocab import rank
+
+NUM_SAMPLES = 1200
+# Seeded requests must not have their prompts split over steps (chunked prefill):
+# vLLM 0.32 then rewinds their generators, which CPU generators do not support.
+# 128 requests of the 30-token copy prompt fit one step's 4096-token budget.
+ENGINE = dict(in_process=True, max_model_len=256, max_num_seqs=128)
+
+
+def sample(llm, prompt_ids, num_samples=NUM_SAMPLES):
+    params = [SamplingParams(temperature=1.0, max_tokens=NUM_TOKENS, seed=i, ignore_eos=True)
+              for i in range(num_samples)]
+    outs = llm.generate([TokensPrompt(prompt_token_ids=prompt_ids)] * num_samples, params,
+                        use_tqdm=False)
+    return np.array([list(o.outputs[0].token_ids) for o in outs])
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tiny_model_dir):
+    return tiny_model_dir("llama", num_layers=4, out_proj_std=0.03)
+
+
+def _plain_samples(model, prompt_ids):
+    llm = make_llm(model, **ENGINE)
+    try:
+        return sample(llm, prompt_ids)
+    finally:
+        shutdown(llm)
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_llama, smollm2_path):
+    """Per source, the prompt and plain decoding's samples on it. Lookup: SmolLM2
+    continuing a list that repeats, which it mostly goes on copying at T = 1."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm2_path)
+    copy_prompt = tok(", ".join(["apple", "pear", "plum", "fig", "lime"] * 3) + ",",
+                      add_special_tokens=False).input_ids
+    return {"draft_vocab": ([1, 2, 3, 4], _plain_samples(tiny_llama, [1, 2, 3, 4])),
+            "lookup": (copy_prompt, _plain_samples(smollm2_path, copy_prompt))}
+
+
+@pytest.fixture(scope="module")
+def vocab_file(tiny_llama, plain, tmp_path_factory):
+    """A draft vocabulary of the ids plain decoding samples most often, just
+    enough of them for about 70% of what it samples: the rest lies outside."""
+    _, samples = plain["draft_vocab"]
+    counts = Counter(samples.ravel().tolist())
+    share = np.cumsum(sorted(counts.values(), reverse=True)) / samples.size
+    size = int(np.searchsorted(share, 0.7)) + 1
+    identity = checkpoint_identity(tiny_llama)
+    path = tmp_path_factory.mktemp("vocab") / "tiny.draft-vocab.safetensors"
+    save_draft_vocab(path, DraftVocab(model=identity, token_ids=rank(counts, [], identity.vocab_size),
+                                      source={"size": size}))
+    kept = set(rank(counts, [], identity.vocab_size)[:size].tolist())
+    outside = sum(c for t, c in counts.items() if t not in kept)
+    return str(path), size, outside / samples.size
+
+
+CONFIGS = {
+    "draft_vocab": {},
+    "lookup": {"prompt_lookup_max": 2, "prompt_lookup_min": 1},
+}
+
+
+@pytest.mark.parametrize("source", list(CONFIGS))
+def test_sampling_distribution_matches_plain(tiny_llama, smollm2_path, plain, vocab_file, source):
+    prompt, plain_samples = plain[source]
+    path, size, outside = vocab_file
+    config = {"method": "layer_skip", "skip_attn": [1], "skip_mlp": [2], "num_speculative_tokens": 3,
+              "adaptive_draft_length": False, **CONFIGS[source]}
+    model = tiny_llama
+    if source == "draft_vocab":
+        config.update(draft_vocab=path, draft_vocab_size=size)
+    else:
+        model = smollm2_path
+        config.update(skip_attn=[10, 20], skip_mlp=[15], draft_vocab_size=0)
+    llm = make_llm(model, speculative_config=config, **ENGINE)
+    try:
+        samples = sample(llm, prompt)
+        counters = spec_decode_counters(llm)
+        status = proposer_stats(llm)
+    finally:
+        shutdown(llm)
+    verified = status["verified"]
+    if source == "draft_vocab":
+        assert outside > 0.1, outside  # the pruned vocabulary leaves real mass out
+        assert verified["self"]["draft_tokens"] > NUM_SAMPLES
+    else:
+        # Most drafts copied from the context, some of them rejected.
+        assert verified["lookup"]["draft_tokens"] > NUM_SAMPLES, verified
+        assert 0.02 < verified["lookup"]["acceptance"] < 0.98, verified
+    assert 0.02 < counters.acceptance_rate < 0.98, counters
+    for pos in range(1, NUM_TOKENS):  # position 0 comes from the prefill, no draft
+        p = two_sample_p_value(plain_samples[:, pos], samples[:, pos])
+        assert p > ALPHA, f"token distribution at position {pos} differs (p={p:.2e})"
+
+
+def test_pruned_draft_head_is_on(tiny_llama, vocab_file):
+    """The proposer's head scores only the chosen ids (read in the worker)."""
+    path, size, _ = vocab_file
+    config = {"method": "layer_skip", "skip_layers": [1], "num_speculative_tokens": 2,
+              "draft_vocab": path, "draft_vocab_size": size}
+    llm = make_llm(tiny_llama, speculative_config=config, **ENGINE)
+    try:
+        ids = llm.collective_rpc(_draft_head_ids)[0]
+    finally:
+        shutdown(llm)
+    assert len(ids) == size and len(set(ids)) == size
+
+
+def _draft_head_ids(worker):
+    head = worker.model_runner.drafter.engine.head
+    return head.token_ids.tolist() if head.pruned else []
+

@@ -1,0 +1,132 @@
+"""Pruned draft vocabularies without an engine: the ranking, the file and every
+refusal, the options, and the sliced LM head against the full one."""
+
+import pytest
+import torch
+from torch import nn
+
+from vllm_layerskip.core.draft_head import DraftHead
+from vllm_layerskip.core.draft_vocab import DRAFT_VOCAB, DraftVocab, draft_token_ids, load_draft_vocab, save_draft_vocab
+from vllm_layerskip.core.errors import LayerSkipConfigError
+from vllm_layerskip.core.identity import ModelIdentity
+from vllm_layerskip.methods.layer_skip.options import LayerSkipOptions
+from vllm_layerskip.tools.draft_vocab import rank, special_and_template_ids
+
+MODEL = ModelIdentity("/m/Tiny", "LlamaForCausalLM", 4, 8, 20, fingerprint="00ff00ff00ff00ff")
+
+
+def test_ranking_puts_special_tokens_first_then_counts_then_id_order():
+    from collections import Counter
+
+    ranking = rank(Counter({7: 5, 3: 5, 11: 9, 2: 1, 99: 4}), first=[19, 0], vocab_size=20)
+    assert ranking.tolist()[:6] == [19, 0, 11, 3, 7, 2]  # ties by id; 99 is outside the vocabulary
+    assert sorted(ranking.tolist()) == list(range(20))  # every id once
+    assert ranking.tolist()[6:] == [i for i in range(20) if i not in (19, 0, 11, 3, 7, 2)]
+
+
+def test_special_and_chat_template_tokens_are_kept(smollm2_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm2_path)
+    ids = special_and_template_ids(tok)
+    for marker in ("<|im_start|>", "<|im_end|>", "<|endoftext|>"):
+        assert tok.convert_tokens_to_ids(marker) in ids
+    for word in ("system", "user", "assistant", "\n"):  # what the template writes around messages
+        assert set(tok.encode(word, add_special_tokens=False)) <= set(ids), word
+    assert tok.encode("x", add_special_tokens=False)[0] not in ids  # a message's content is not
+
+
+def _write(path, ids, model=MODEL, size=None, always=2):
+    source = {} if size is None else {"size": size}
+    save_draft_vocab(path, DraftVocab(model=model, token_ids=torch.tensor(ids), always_included=always,
+                                      source=source))
+    return str(path)
+
+
+def test_file_round_trip_and_sizes(tmp_path):
+    path = _write(tmp_path / "v.draft-vocab.safetensors", list(range(19, -1, -1)), size=6)
+    assert load_draft_vocab(path, MODEL).token_ids.tolist() == list(range(19, -1, -1))
+    assert draft_token_ids(path, 0, MODEL).tolist() == [19, 18, 17, 16, 15, 14]  # the file's size
+    assert draft_token_ids(path, 3, MODEL).tolist() == [19, 18, 17]
+    with pytest.raises(LayerSkipConfigError, match=r"'draft_vocab_size' 21 is larger than the model's vocabulary \(20 tokens\)"):
+        draft_token_ids(path, 21, MODEL)
+    with pytest.raises(LayerSkipConfigError, match=r"'draft_vocab_size' 1 would leave out some of the 2 special"):
+        draft_token_ids(path, 1, MODEL)
+    short = _write(tmp_path / "short.draft-vocab.safetensors", [3, 4, 5])
+    with pytest.raises(LayerSkipConfigError, match=r"larger than the 3 token ids that draft vocabulary '.*short.draft-vocab.safetensors' ranks"):
+        draft_token_ids(short, 4, MODEL)
+
+
+def test_refusals(tmp_path):
+    def refused(path, message):
+        with pytest.raises(LayerSkipConfigError, match=message):
+            load_draft_vocab(str(path), MODEL)
+
+    hint = r"Make one for this model with `vllm-layerskip draft-vocab --model MODEL"
+    refused(tmp_path / "none.safetensors", "does not exist. " + hint)
+    (tmp_path / "junk.safetensors").write_bytes(b"\x00junk" * 9)
+    refused(tmp_path / "junk.safetensors", "is not a readable safetensors file")
+    other = ModelIdentity("/m/Tiny", "LlamaForCausalLM", 4, 8, 20, fingerprint="1234123412341234")
+    refused(_write(tmp_path / "o.safetensors", [1, 2], model=other),
+            r"was made for another model \(weights: file 1234123412341234 vs running 00ff00ff00ff00ff")
+    refused(_write(tmp_path / "big.safetensors", [1, 25]), r"token ids \[25\] outside the vocabulary 0..19")
+    refused(_write(tmp_path / "dup.safetensors", [1, 2, 1]), "a token id is ranked twice")
+    with pytest.raises(LayerSkipConfigError, match=r"No shipped draft vocabulary for model 'Tiny' \(shipped for: .*\)\. Make one"):
+        DRAFT_VOCAB.resolve("shipped", MODEL)
+
+
+def test_options_default_to_the_shipped_file_and_check_the_model(tmp_path, smollm2_path):
+    from vllm_layerskip.core.identity import checkpoint_identity
+
+    # Unset: the vocabulary shipped for the model, if any; 0: the whole one.
+    assert LayerSkipOptions().draft_token_ids(MODEL) is None  # none shipped for it
+    smollm2 = checkpoint_identity(smollm2_path)
+    shipped = LayerSkipOptions().draft_token_ids(smollm2)
+    assert shipped is not None and len(shipped) == 16384
+    assert LayerSkipOptions(draft_vocab_size=0).draft_token_ids(smollm2) is None
+    assert len(LayerSkipOptions(draft_vocab_size=4096).draft_token_ids(smollm2)) == 4096
+    with pytest.raises(LayerSkipConfigError, match="No shipped draft vocabulary for model 'Tiny'"):
+        LayerSkipOptions(draft_vocab_size=64).draft_token_ids(MODEL)
+    with pytest.raises(LayerSkipConfigError, match=r"'draft_vocab_size' must be an integer >= 0 \(token ids\), got -1"):
+        LayerSkipOptions(draft_vocab_size=-1)
+    with pytest.raises(LayerSkipConfigError, match="'draft_vocab' must be \"shipped\" or the path"):
+        LayerSkipOptions(draft_vocab=3)
+    path = _write(tmp_path / "v.safetensors", list(range(20)), size=4)
+    options = LayerSkipOptions(skip_layers=[1], draft_vocab=path, draft_vocab_size=30)
+    with pytest.raises(LayerSkipConfigError, match="larger than the model's vocabulary"):
+        options.validate_for_model(MODEL)  # every method's validation checks the vocabulary
+
+
+class _Processor(nn.Module):
+    scale, soft_cap = 1.0, None
+
+
+class _Model(nn.Module):
+    """What DraftHead reads of a vLLM model: lm_head.weight, logits_processor,
+    compute_logits."""
+
+    def __init__(self, vocab=50, hidden=16):
+        super().__init__()
+        self.lm_head = nn.Linear(hidden, vocab, bias=False)
+        self.logits_processor = _Processor()
+
+    def compute_logits(self, hidden):
+        return self.lm_head(hidden)
+
+
+def test_sliced_head_scores_exactly_the_chosen_rows():
+    torch.manual_seed(0)
+    model = _Model()
+    stack = type("Stack", (), {"model": model, "logits": lambda self, h: model.compute_logits(h)})()
+    ids = torch.tensor([7, 3, 42, 0, 19])
+    hidden = torch.randn(4, 16)
+    full, pruned = DraftHead(stack), DraftHead(stack, ids)
+    torch.testing.assert_close(pruned.logits(hidden), full.logits(hidden)[:, ids])
+    best = pruned.logits(hidden).argmax(-1)
+    assert pruned.to_token_ids(best).tolist() == ids[best].tolist()
+    q = torch.softmax(pruned.logits(hidden), -1)
+    row = torch.full((4, 50), 9.0)
+    pruned.scatter(q, row)
+    assert torch.equal(row[:, ids], q) and row.sum(-1).allclose(torch.ones(4))
+    assert (row[:, [i for i in range(50) if i not in ids.tolist()]] == 0).all()
+    assert pruned.num_columns(50) == 5 and full.num_columns(50) == 50
