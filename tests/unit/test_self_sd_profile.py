@@ -60,3 +60,31 @@ def test_profile_refusals(tmp_path):
         SelfSdOptions(profile="shipped").validate_for_model(unknown)
     with pytest.raises(LayerSkipConfigError, match="Method 'self_sd' needs 'profile'"):
         SelfSdOptions()
+
+
+def test_proxy_objective_prices_a_set_by_the_weights_it_keeps():
+    from types import SimpleNamespace
+
+    from vllm_layerskip.methods.self_sd.search_tool import _rescore, sublayer_weights
+
+    # Qwen2.5-Coder-1.5B's shapes: grouped-query attention makes an attention
+    # sub-layer ~7x cheaper to run than an MLP.
+    qwen = SimpleNamespace(hidden_size=1536, num_attention_heads=12, num_key_value_heads=2,
+                           intermediate_size=8960, num_hidden_layers=28)
+    attn, mlp = sublayer_weights(qwen)
+    assert (attn[0], mlp[0], len(attn)) == (5_505_024, 41_287_680, 28)
+    # Two sets of one size with the same acceptance: the one that keeps fewer
+    # weights (skips MLPs) is worth more; its measured c (noisy) does not decide.
+    history = [
+        {"M": 2.5, "alpha": 0.6, "c": 0.50, "kept_weights": 1000},  # skips attention
+        {"M": 2.5, "alpha": 0.6, "c": 0.60, "kept_weights": 700},  # skips MLPs
+        {"M": 2.5, "alpha": 0.6, "c": 0.40, "kept_weights": 850},
+    ]
+    _rescore("proxy", history)
+    assert history[1]["value"] > history[2]["value"] > history[0]["value"]
+    per_weight = 0.50 / 1000  # the median of 0.5/1000, 0.6/700, 0.4/850
+    assert history[1]["c_used"] == pytest.approx(per_weight * 700)
+    # Checkpoints without the weights: the median c for every set, as before.
+    old = [{"M": 2.0, "alpha": 0.5, "c": c} for c in (0.3, 0.5, 0.4)]
+    _rescore("proxy", old)
+    assert {h["c_used"] for h in old} == {0.4}

@@ -11,7 +11,7 @@ fixed draft length and scores the set:
   acceptance rate alpha and draft-step cost c (draft step time / rest of a step,
   measured in the same run); timing noise only enters through c.
 
-The Gaussian process and the suggestions are skip_search.BayesianSetOptimizer.
+The Gaussian process and the suggestions are core.set_search.BayesianSetOptimizer.
 The first candidates are the seed sets (`--init uniform`: the evenly spread set)
 and a few random sets. Every evaluation is appended to a checkpoint next to the
 output (`OUT.search.json`); a later run with the same settings resumes from it.
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
 import os
 import sys
 import time
@@ -38,32 +37,12 @@ CHECKPOINT_FORMAT = "vllm-layerskip/search-checkpoint"
 RANDOM_STARTS = 3
 
 
-def load_prompts(path: str | None, n: int) -> list[str]:
-    """Prompts from a JSON-lines file (Spec-Bench `turns`, or `prompt`/`text`),
-    or one prompt per line of a text file; default: Spec-Bench, round-robin over
-    categories so the calibration set is varied."""
-    from vllm_layerskip.core.measure import load_spec_bench
+def load_prompts(path: str, n: int) -> list[str]:
+    """`n` calibration prompts from a prompt file (core.measure.read_questions),
+    the categories taking turns so that a few prompts are already varied."""
+    from vllm_layerskip.core.measure import interleave_categories, read_questions
 
-    if path is None:
-        questions = load_spec_bench(per_category=math.ceil(n / 13))
-        by_cat: dict[str, list[str]] = {}
-        for q in questions:
-            by_cat.setdefault(q["category"], []).append(q["prompt"])
-        mixed = [p for group in zip(*by_cat.values()) for p in group]
-        return mixed[:n]
-    prompts = []
-    for line in Path(path).read_text().splitlines():
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError:
-            item = line
-        if isinstance(item, dict):
-            item = (item.get("turns") or [None])[0] or item.get("prompt") or item.get("text")
-        if not isinstance(item, str):
-            raise ValueError(f"{path}: cannot read a prompt from line {line[:80]!r}")
-        prompts.append(item)
+    prompts = interleave_categories(read_questions(path))
     if not prompts:
         raise ValueError(f"{path} holds no prompts")
     return prompts[:n]
@@ -73,6 +52,11 @@ def _set_mask(worker, run_attn, run_mlp):
     from vllm_layerskip.core.skip_mask import SkipMask
 
     worker.model_runner.drafter.set_mask(SkipMask(tuple(run_attn), tuple(run_mlp)))
+
+
+def _draft_head_rows(worker):
+    head = worker.model_runner.drafter.engine.head
+    return head.token_ids.numel() if head.pruned else None
 
 
 def _drafter_status(worker):
@@ -89,13 +73,19 @@ class Evaluator:
 
         from vllm_layerskip.core.measure import chat_prompts
 
+        # The skip set alone: no drafts copied from the context.
         spec = {"method": "layer_skip", "num_speculative_tokens": k,
-                "adaptive_draft_length": False, "skip_ratio": 0.0}
+                "adaptive_draft_length": False, "skip_ratio": 0.0, "prompt_lookup_max": 0}
         self.llm = LLM(model=model, speculative_config=spec, dtype=dtype, enforce_eager=True,
                        max_model_len=max_model_len, disable_log_stats=False, seed=0)
         self.prompts = chat_prompts(self.llm, prompts)
         self.params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-        self.num_layers = self.llm.llm_engine.model_config.hf_text_config.num_hidden_layers
+        model_config = self.llm.llm_engine.model_config
+        self.num_layers = model_config.hf_text_config.num_hidden_layers
+        self.weight_bytes = sublayer_weights(model_config.hf_text_config)
+        # Read by every draft token whatever the set: the (draft) LM head.
+        head_rows = self.llm.collective_rpc(_draft_head_rows)[0] or model_config.get_vocab_size()
+        self.fixed_weights = head_rows * model_config.hf_text_config.hidden_size
         self.llm.generate(self.prompts[:1], SamplingParams(temperature=0, max_tokens=4),
                           use_tqdm=False)  # warm-up
 
@@ -121,8 +111,10 @@ class Evaluator:
         m = counters.mean_acceptance_length if counters.drafts else 1.0
         alpha = counters.acceptance_rate if counters.draft_tokens else 0.0
         expected = m * alpha / ((m - 1) * c + alpha) if alpha > 0 else 0.0
+        kept = self.fixed_weights + sum(w for w, run in zip(self.weight_bytes[0], mask.run_attn) if run) + sum(
+            w for w, run in zip(self.weight_bytes[1], mask.run_mlp) if run)
         return {"tokens_per_second": tokens / seconds, "M": m, "alpha": alpha, "c": c,
-                "expected_speedup": expected, "seconds": seconds}
+                "expected_speedup": expected, "seconds": seconds, "kept_weights": kept}
 
     def close(self) -> None:
         from vllm_layerskip.core.measure import shutdown
@@ -130,19 +122,42 @@ class Evaluator:
         shutdown(self.llm)
 
 
+def sublayer_weights(text_config) -> tuple[list[int], list[int]]:
+    """Weights each decoder layer's attention and MLP sub-layer reads per token
+    ([L] each, in parameters), from the config of a Llama/Qwen-shaped model.
+    Decoding reads every kept weight once per step: on memory-bound hardware a
+    draft's cost follows the weights it keeps, not how many sub-layers. With
+    grouped-query attention the two differ a lot: on Qwen2.5-Coder-1.5B an MLP
+    holds 41M parameters and an attention sub-layer 5.5M."""
+    hidden = text_config.hidden_size
+    heads = text_config.num_attention_heads
+    head_dim = getattr(text_config, "head_dim", None) or hidden // heads
+    kv = getattr(text_config, "num_key_value_heads", None) or heads
+    attn = 2 * hidden * heads * head_dim + 2 * hidden * kv * head_dim
+    mlp = 3 * hidden * text_config.intermediate_size
+    layers = text_config.num_hidden_layers
+    return [attn] * layers, [mlp] * layers
+
+
 def _rescore(objective: str, history: list[dict]) -> None:
     """Objective values of every evaluation so far.
 
-    speed: the measured tokens/s. proxy: Eq. 6 with each set's own M and alpha but
-    the median draft cost c of all evaluations: c depends on how many sub-layers
-    run (fixed in a fixed-size search) and its per-run measurement is the noisy
-    part; the median keeps one slow run from ranking a set first or last."""
+    speed: the measured tokens/s. proxy: Eq. 6 with each set's own M and alpha,
+    and a draft cost c proportional to the weights the set keeps, at the median
+    cost per weight of all evaluations: the per-run measurement of c is the
+    noisy part, and the median keeps one slow run from ranking a set first or
+    last; the weights tell sets of one size apart (skipping an MLP saves far
+    more than skipping an attention sub-layer). Checkpoints from before the
+    weights were recorded use the median c itself."""
     if objective == "speed":
         for h in history:
             h["value"] = h["tokens_per_second"]
         return
-    c = float(np.median([h["c"] for h in history]))
+    with_weights = all(h.get("kept_weights") for h in history)
+    per_weight = float(np.median([h["c"] / h["kept_weights"] for h in history])) if with_weights else None
+    median_c = float(np.median([h["c"] for h in history]))
     for h in history:
+        c = per_weight * h["kept_weights"] if with_weights else median_c
         m, alpha = h["M"], h["alpha"]
         h["value"] = m * alpha / ((m - 1) * c + alpha) if alpha > 0 else 0.0
         h["c_used"] = c
@@ -156,7 +171,7 @@ def run_search(args) -> SkipProfile:
     model = args.model  # the CLI fills in the default model
     prompts = load_prompts(args.prompts, args.num_prompts)
     settings = {
-        "model": os.path.basename(str(model).rstrip("/")), "prompts": args.prompts or "spec_bench",
+        "model": os.path.basename(str(model).rstrip("/")), "prompts": args.prompts,
         "num_prompts": len(prompts), "max_tokens": args.max_tokens, "k": args.k,
         "skip_ratio": args.skip_ratio, "objective": args.objective, "seed": args.seed,
         "dtype": args.dtype, "init": args.init,
@@ -308,9 +323,9 @@ def _save_checkpoint(path: Path, settings: dict, history: list[dict]) -> None:
 
 def add_arguments(p) -> None:
     p.add_argument("--model", help="model path (default: SmolLM2-135M-Instruct, converted)")
-    p.add_argument("--prompts", help="calibration prompts: JSON lines (Spec-Bench 'turns', "
-                                     "'prompt' or 'text') or plain text lines "
-                                     "(default: Spec-Bench, mixed categories)")
+    p.add_argument("--prompts", help="calibration prompts: JSON lines ('prompt', 'text' or "
+                                     "Spec-Bench 'turns') or plain text lines (default: the "
+                                     "project's own prompts, categories taking turns)")
     p.add_argument("--num-prompts", type=int, default=8, help="calibration prompts used (paper: 8)")
     p.add_argument("--max-tokens", type=int, default=48, help="new tokens per prompt")
     p.add_argument("--iterations", type=int, default=200, help="evaluations in all (paper: 1000)")
