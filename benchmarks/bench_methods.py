@@ -49,6 +49,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--methods", nargs="+", choices=METHODS, default=list(DEFAULT_METHODS),
                    help="plain always runs. Methods that cannot run here (dependency missing, "
                         "not in this plugin version, GPU-only) are listed as skipped, with why")
+    p.add_argument("--dataset-path", default=None,
+                   help="Spec-Bench's question.jsonl (default: $SPEC_BENCH_QUESTIONS, or beside the "
+                        "checkout; without either, the project's own prompts, with a notice)")
     p.add_argument("--per-category", type=int, default=1, help="questions per category (batch 1)")
     p.add_argument("--categories", nargs="+", default=None, help="default: all 13")
     p.add_argument("--max-tokens", type=int, default=64)
@@ -63,7 +66,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "default: every --concurrency with every --temperatures")
     p.add_argument("--ratios", type=float, nargs="+", default=[0.45],
                    help="layer_skip skip ratios (uniform spread; 0: nothing skipped)")
-    p.add_argument("--swift-ratio", type=float, default=0.45, help="SWIFT's skip ratio r")
+    p.add_argument("--layer-skip-sets", type=json.loads, nargs="+", default=None, metavar="JSON",
+                   help='layer_skip rows with explicit sets instead of --ratios, e.g. '
+                        '\'{"skip_mlp": [3, 6, 9, 12, 15, 18, 21, 24]}\'')
+    p.add_argument("--swift-ratio", type=float, default=None,
+                   help="SWIFT's skip ratio r (default: the plugin's)")
     p.add_argument("--clasp-ratio", type=float, default=None,
                    help="CLaSp's skip ratio (default: the plugin's)")
     p.add_argument("--method-options", type=json.loads, default={},
@@ -73,6 +80,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    default=["adaptive"],
                    help="plugin methods: the cost-aware draft length (plugin default) and/or "
                         "K every step (adaptive_draft_length=false); both: one row each")
+    p.add_argument("--draft-vocab-sizes", type=int, nargs="+", default=None, metavar="N",
+                   help="each plugin method once per pruned draft vocabulary size "
+                        "(draft_vocab_size; 0: the full vocabulary); default: the plugin's default")
+    p.add_argument("--prompt-lookup", nargs="+", choices=("default", "on", "off"), default=None,
+                   help="each plugin method with prompt lookup on (prompt_lookup_max 4, _min 2), "
+                        "off, and/or as the plugin's default")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--batch-size", type=int, default=1,
                    help="batch-1 mode: prompts of a category per generate call")
@@ -213,7 +226,7 @@ def main() -> None:
     from benchlib import figures, padded_model, report
     from benchlib.engines import engines_that_fit
     from vllm_layerskip.tools.prepare_model import ensure_default_model
-    from vllm_layerskip.core.measure import spec_bench_path
+    from vllm_layerskip.tools.prompts import benchmark_dataset
 
     model = args.model or ensure_default_model()
     if model == padded_model.NAME:
@@ -227,7 +240,8 @@ def main() -> None:
     for c in skipped:
         print(f"skipped {c.name}: {c.skip_reason}", flush=True)
 
-    questions = load_questions(spec_bench_path())
+    args.dataset_path = benchmark_dataset(args.dataset_path)
+    questions = load_questions(args.dataset_path)
     cats = args.categories or categories_in_order(questions)
     pairs = ([(int(w.split(":")[0]), float(w.split(":")[1])) for w in args.workloads]
              if args.workloads else [(n, t) for n in args.concurrency for t in args.temperatures])

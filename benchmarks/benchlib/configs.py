@@ -92,6 +92,14 @@ def build_configs(args, model_path: str) -> list[Config]:
                 configs.append(Config(f"layer_skip, identity layers skipped{suffix}", method,
                                       spec_for(method, {**base, "skip_layers": layers}), reason,
                                       extra={"skip_sets": {"skip_attn": layers, "skip_mlp": layers}}))
+            elif method == "layer_skip" and getattr(args, "layer_skip_sets", None):
+                for sets in args.layer_skip_sets:  # explicit sets, e.g. {"skip_mlp": [...]}
+                    label = "layer_skip " + " ".join(f"{k.removeprefix('skip_')} {v}"
+                                                     for k, v in sets.items())
+                    full = {"skip_attn": sorted(set(sets.get("skip_attn", [])) | set(sets.get("skip_layers", []))),
+                            "skip_mlp": sorted(set(sets.get("skip_mlp", [])) | set(sets.get("skip_layers", [])))}
+                    configs.append(Config(label + suffix, method, spec_for(method, {**base, **sets}),
+                                          reason, extra={"skip_sets": full}))
             elif method == "layer_skip":
                 for r in args.ratios:
                     label = f"layer_skip r={r:g}" + (" (no skip)" if r == 0 else "")
@@ -99,8 +107,9 @@ def build_configs(args, model_path: str) -> list[Config]:
                     configs.append(Config(label + suffix, method, spec, reason,
                                           extra={"skip_sets": uniform_sets(num_layers, r)}))
             elif method == "swift_initial":
-                sets = swift_initial_sets(num_layers, args.swift_ratio)
-                configs.append(Config(f"layer_skip swift's initial set r={args.swift_ratio:g}{suffix}",
+                ratio = args.swift_ratio or default_swift_ratio()
+                sets = swift_initial_sets(num_layers, ratio)
+                configs.append(Config(f"layer_skip swift's initial set r={ratio:g}{suffix}",
                                       "layer_skip", spec_for("layer_skip", {**base, **sets}), reason,
                                       extra={"skip_sets": sets}))
             elif method == "clasp_uniform":
@@ -116,9 +125,10 @@ def build_configs(args, model_path: str) -> list[Config]:
                                       f" (self_sd's size){suffix}", "layer_skip",
                                       spec_for("layer_skip", {**base, **sets}), reason,
                                       extra={"skip_sets": sets}))
-            elif method == "swift":
-                configs.append(Config(f"swift r={args.swift_ratio:g}{suffix}", method, spec_for(
-                    method, {**base, "skip_ratio": args.swift_ratio}), reason))
+            elif method == "swift":  # the plugin's default r unless --swift-ratio
+                opts = {"skip_ratio": args.swift_ratio} if args.swift_ratio else {}
+                label = f"swift r={args.swift_ratio:g}" if args.swift_ratio else "swift"
+                configs.append(Config(label + suffix, method, spec_for(method, {**base, **opts}), reason))
             elif method == "clasp":
                 opts = {"skip_ratio": args.clasp_ratio} if args.clasp_ratio else {}
                 label = f"clasp r={args.clasp_ratio:g}" if args.clasp_ratio else "clasp"
@@ -129,7 +139,30 @@ def build_configs(args, model_path: str) -> list[Config]:
             else:  # adadecode: the exit heads shipped with the plugin
                 configs.append(Config(method + suffix, method,
                                       spec_for(method, {**base, "heads": "shipped"}), reason))
-    return configs
+    return [plain for plain in configs if plain.family != "plugin"] + with_variants(
+        [c for c in configs if c.family == "plugin"], args)
+
+
+def with_variants(configs: list[Config], args) -> list[Config]:
+    """Each plugin configuration once per --draft-vocab-size and per
+    --prompt-lookup setting (rows in that order, the plugin's default first)."""
+    out = []
+    for config in configs:
+        for size in getattr(args, "draft_vocab_sizes", None) or [None]:
+            for lookup in getattr(args, "prompt_lookup", None) or ["default"]:
+                spec, label = dict(config.spec), config.name
+                if size is not None:
+                    spec["draft_vocab_size"] = size
+                    label += ", full vocabulary" if size == 0 else f", draft vocabulary {size}"
+                if lookup == "on":
+                    spec.update(prompt_lookup_max=4, prompt_lookup_min=2)
+                    label += ", +lookup"
+                elif lookup == "off":
+                    spec.update(prompt_lookup_max=0)
+                    label += ", no lookup"
+                out.append(Config(label, config.method, spec, config.skip_reason, config.family,
+                                  dict(config.extra)))
+    return out
 
 
 def plugin_methods_available() -> tuple[str, ...]:
@@ -177,6 +210,12 @@ def uniform_sets(num_layers: int, ratio: float) -> dict:
     return {"skip_attn": sorted(attn), "skip_mlp": sorted(mlp)}
 
 
+def default_swift_ratio() -> float:
+    from vllm_layerskip.methods.swift.options import SwiftOptions
+
+    return SwiftOptions().skip_ratio
+
+
 def swift_initial_sets(num_layers: int, ratio: float) -> dict:
     """The evenly spread set SWIFT starts from, as layer_skip options."""
     from vllm_layerskip.core.set_search import SubLayerSpace
@@ -218,10 +257,15 @@ def engine_groups(configs: list[Config], max_alive: int) -> list[list[Config]]:
     with more configurations than fit in memory, groups run one after the other
     and every speedup is against the plain engine of its own group. The A/A
     control, when asked for, runs in every group, after plain: each group's
-    noise floor is its own (start_engines names both by their group)."""
+    noise floor is its own (start_engines names both by their group). Where
+    only two engines fit (a 1.5B model in bf16 here: ~7 GiB each), the control
+    runs in a group of its own, first: plain beside a second plain engine."""
     plain, others = configs[0], configs[1:]
     controls = [c for c in others if c.family == "control"]
     others = [c for c in others if c.family != "control"]
+    if controls and max_alive - 1 - len(controls) < 1:
+        alone = [[plain, control] for control in controls]
+        return alone + [[plain, c] for c in others]
     per_group = max(1, max_alive - 1 - len(controls))
     chunks = [others[i:i + per_group] for i in range(0, len(others), per_group)] or [[]]
     return [[plain, *controls, *chunk] for chunk in chunks]

@@ -140,6 +140,9 @@ def test_every_engine_group_has_plain_and_the_aa_control():
         ["plain", "plain (A/A control)", "clasp", "self_sd"],
     ]
     assert engine_groups([plain, *methods], max_alive=4)[0] == [plain, *methods[:3]]
+    # Two engines at a time (the 1.5B model in bf16): the control gets a group of its own.
+    assert [[c.name for c in g] for g in engine_groups([plain, control, *methods[:2]], 2)] == [
+        ["plain", "plain (A/A control)"], ["plain", "layer_skip"], ["plain", "swift"]]
     # Engines are renamed by group when they start: two references, two controls.
     assert plain_name(1) == "plain [group 2]"
     assert plain_name(1, control.name) == "plain (A/A control) [group 2]"

@@ -158,7 +158,7 @@ HOOKS: tuple[Hook, ...] = (
     Hook(_RUNNER, "GPUModelRunner.__init__", "mentions",
          "the runner builds a custom_class drafter", names=("create_custom_proposer",)),
     Hook("vllm/distributed/__init__.py", "get_tensor_model_parallel_rank", "function",
-         "proposers/swift.py: only TP rank 0 logs and searches", params=()),
+         "methods/swift/search.py: only TP rank 0 logs and searches", params=()),
     Hook(_RUNNER, "GPUModelRunner.load_model", "mentions",
          "the drafter gets the loaded target model", names=("self.drafter.load_model",)),
     Hook(_RUNNER, "GPUModelRunner._get_spec_decode_draft_probs", "mentions",

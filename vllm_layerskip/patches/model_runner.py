@@ -65,7 +65,7 @@ def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, *args, **
     try:
         result = self.drafter.propose_from_runner(self, sampled_token_ids, scheduler_output)
     except Exception as e:
-        # Draft passes contain their own failures (proposers/base.py). Anything
+        # Draft passes contain their own failures (core/proposer.py). Anything
         # else (bookkeeping, the cost model, a method's per-step work) may have
         # left the proposer inconsistent: stop the engine with a message that
         # says where, rather than risk drafts that do not match the requests.

@@ -1,6 +1,6 @@
 """What a CLaSp DP run needs, copied out of the engine so it can run in a thread.
 
-The in-engine DP (proposers/clasp.py, ClaspSearch.run_dp) calls the decoder
+The in-engine DP (methods/clasp/search.py, ClaspSearch.run_dp) calls the decoder
 layers through vLLM's Attention modules. Those read the attention metadata and
 KV slots from a process-global forward context that the engine's own forward
 sets, and they read the requests' paged KV blocks, which the engine frees and

@@ -60,7 +60,7 @@ def clasp_dp(
     # [layer i-1, j-1], on the states' device and read back once at the end, so
     # on a GPU the host queues layer after layer without waiting for the device.
     # (H100, Llama-3-8B shapes: a DP is still bound by its ~23 kernel launches
-    # per layer, ~17 ms of host time for 3 ms of GPU time; README, Limits.)
+    # per layer, ~17 ms of host time for 3 ms of GPU time; docs/limits.md.)
     took_skip = torch.zeros((num_layers, m), dtype=torch.bool, device=x0.device)
     best = torch.full((m,), float("-inf"), device=x0.device)
     for i in range(1, num_layers + 1):
