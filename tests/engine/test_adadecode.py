@@ -119,7 +119,7 @@ def adadecode(smollm2_path, tmp_path_factory):
         tmp_path_factory.mktemp("heads") / "identity.safetensors",
         identity_of(smollm2_path), shipped.layers)
     config = {"method": "adadecode", "heads": "shipped", "num_speculative_tokens": 8,
-              "adaptive_draft_length": False}
+              "adaptive_draft_length": False, "prompt_lookup_max": 0}
     llm = make_llm(smollm2_path, in_process=True, speculative_config=config,
                    max_model_len=MAX_MODEL_LEN)
     try:
@@ -194,7 +194,7 @@ def test_sampling_distribution_matches_plain(tiny_model_dir, tmp_path):
     finally:
         shutdown(plain_llm)
     config = {"method": "adadecode", "heads": heads, "threshold": THRESHOLD,
-              "num_speculative_tokens": 3, "adaptive_draft_length": False}
+              "num_speculative_tokens": 3, "adaptive_draft_length": False, "prompt_lookup_max": 0}
     llm = make_llm(model, in_process=True, speculative_config=config, max_model_len=256)
     try:
         spec = sample_t1(llm)

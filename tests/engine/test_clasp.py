@@ -80,7 +80,7 @@ def _dp_checks(worker):
 def test_dp_against_exhaustive_search_on_engine_layers(tiny_model_dir):
     path = tiny_model_dir("llama", num_layers=6, out_proj_std=0.03)
     config = {"method": "clasp", "num_speculative_tokens": 2, "num_skip_layers": 3,
-              "layer_optimization_interval": 1, "max_optimizer_share": 1.0, "adaptive_draft_length": False}
+              "layer_optimization_interval": 1, "max_optimizer_share": 1.0, "adaptive_draft_length": False, "prompt_lookup_max": 0}
     llm = make_llm(path, in_process=True, speculative_config=config, max_model_len=256)
     try:
         llm.collective_rpc(_install_exhaustive_check)
@@ -107,7 +107,7 @@ def test_dp_against_exhaustive_search_on_engine_layers(tiny_model_dir):
 # ---- SmolLM2: parity while the mask changes every step, acceptance, faults ---
 
 NUM_SKIP = 8
-FIXED = {"num_speculative_tokens": 4, "adaptive_draft_length": False,
+FIXED = {"num_speculative_tokens": 4, "adaptive_draft_length": False, "prompt_lookup_max": 0,
          "draft_confidence_threshold": 0.0}
 CLASP = {"method": "clasp", "num_skip_layers": NUM_SKIP, "layer_optimization_interval": 1,
          "max_optimizer_share": 1.0, **FIXED}

@@ -52,7 +52,8 @@ def plain(smollm2_path):
 
 # Fixed draft lengths (adaptive_draft_length off) so that every step drafts; the
 # cost model, on by default, would mostly turn drafting off on this CPU.
-FIXED = {"adaptive_draft_length": False}
+# The skip set's own drafts: no drafts copied from the context unless asked for.
+FIXED = {"adaptive_draft_length": False, "prompt_lookup_max": 0}
 CONFIGS = {
     "K1-whole-layers": {"num_speculative_tokens": 1, "skip_layers": [10, 12, 14, 16], **FIXED},
     "K4-sublayers": {"num_speculative_tokens": 4, "skip_attn": [5, 9, 13, 17, 21],
@@ -75,8 +76,8 @@ CONFIGS = {
     # and drafts copied from the context, alone and together, with three methods.
     "K4-draft-vocab": {"num_speculative_tokens": 4, "skip_ratio": 0.2, "draft_vocab_size": 4096,
                        **FIXED},
-    "K4-lookup": {"num_speculative_tokens": 4, "skip_ratio": 0.2, "prompt_lookup_max": 3,
-                  "prompt_lookup_min": 1, **FIXED},
+    "K4-lookup": {"num_speculative_tokens": 4, "skip_ratio": 0.2, **FIXED, "prompt_lookup_max": 3,
+                  "prompt_lookup_min": 1},
     "adadecode-K4-draft-vocab": {"method": "adadecode", "heads": "shipped",
                                  "num_speculative_tokens": 4, "draft_vocab_size": 4096, **FIXED},
     "swift-K4-draft-vocab-lookup-adaptive": {

@@ -60,7 +60,7 @@ def test_search_runs_resumes_and_writes_a_loadable_profile(tiny_model_dir, tmp_p
 
     # The proposer loads it, and greedy output is plain decoding's.
     config = {"method": "self_sd", "profile": str(out), "num_speculative_tokens": 3,
-              "adaptive_draft_length": False}
+              "adaptive_draft_length": False, "prompt_lookup_max": 0}
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     prompts_list = ["The old lighthouse keeper", "Once upon a time", "In the beginning"]
     plain = make_llm(model, in_process=True, max_model_len=256)
@@ -88,7 +88,7 @@ def test_shipped_profile_beats_uniform_set_of_same_size(smollm2_path):
     for name, sets in (("profile", {"skip_attn": profile.skip_attn, "skip_mlp": profile.skip_mlp}),
                        ("uniform", uniform)):
         config = {"method": "layer_skip", "num_speculative_tokens": 4,
-                  "adaptive_draft_length": False, **sets}
+                  "adaptive_draft_length": False, "prompt_lookup_max": 0, **sets}
         llm = make_llm(smollm2_path, in_process=True, speculative_config=config, max_model_len=1024)
         try:
             llm.generate(chat_prompts(llm, questions),

@@ -60,7 +60,7 @@ def questions():
 def learned(smollm2_path, questions):
     """SWIFT with the paper's defaults (r 0.45, gamma 32, a candidate scored
     every step), run over 16 prompts."""
-    config = {"method": "swift", "num_speculative_tokens": 4, "adaptive_draft_length": False,
+    config = {"method": "swift", "num_speculative_tokens": 4, "adaptive_draft_length": False, "prompt_lookup_max": 0,
               "max_optimizer_share": 1.0}
     llm = make_llm(smollm2_path, in_process=True, speculative_config=config,
                    max_model_len=MAX_MODEL_LEN)
@@ -92,7 +92,7 @@ def test_learned_set_beats_the_initial_uniform_set(smollm2_path, questions, lear
     for name, sets in (("learned", swift["best_set"]), ("initial", swift["initial_set"])):
         assert len(sets["skip_attn"]) + len(sets["skip_mlp"]) == swift["num_skipped"]
         config = {"method": "layer_skip", "num_speculative_tokens": 4,
-                  "adaptive_draft_length": False, **sets}
+                  "adaptive_draft_length": False, "prompt_lookup_max": 0, **sets}
         llm = make_llm(smollm2_path, in_process=True, speculative_config=config,
                        max_model_len=MAX_MODEL_LEN)
         try:
@@ -119,7 +119,7 @@ def test_optimizer_thread_failure_keeps_serving(smollm2_path, questions, monkeyp
     # on its 4th job, while requests are in flight.
     monkeypatch.setenv(ENV_VAR, "swift.optimizer@4")
     config = {"method": "swift", "num_speculative_tokens": 4, "context_window": 4,
-              "adaptive_draft_length": False}
+              "adaptive_draft_length": False, "prompt_lookup_max": 0}
     llm = make_llm(smollm2_path, in_process=True, speculative_config=config,
                    max_model_len=MAX_MODEL_LEN)
     try:

@@ -14,6 +14,12 @@ from vllm_layerskip.core.errors import LayerSkipConfigError
 from vllm_layerskip.core.identity import ModelIdentity
 
 
+# Prompt lookup on by default, as (max, min) n-gram: on Qwen2.5-Coder-1.5B it
+# drafted most of what any method gained (benchmarks/RESULTS.md); 2..4, as
+# vLLM's benchmarks use for its ngram method.
+DEFAULT_PROMPT_LOOKUP = (4, 2)
+
+
 @dataclass(frozen=True)
 class DraftingOptions:
     """Options every layer-skip method has."""
@@ -38,11 +44,11 @@ class DraftingOptions:
     prompt_lookup_max: int | None = None
     """vLLM's key: drafts copied from the request's context where its last
     n <= prompt_lookup_max tokens occurred before (core/lookup.py), for the
-    requests that have such a match; the others draft with the method. Off by
-    default (None or 0)."""
+    requests that have such a match; the others draft with the method. 0 turns
+    it off; unset (and prompt_lookup_min unset): 4."""
     prompt_lookup_min: int | None = None
-    """vLLM's key: the shortest n-gram that counts as a match (default: as
-    prompt_lookup_max, as in vLLM's ngram method)."""
+    """vLLM's key: the shortest n-gram that counts as a match (unset: as
+    prompt_lookup_max, as in vLLM's ngram method; both unset: 2)."""
 
     def __post_init__(self):
         check_number("draft_confidence_threshold", self.draft_confidence_threshold, 0.0, 1.0)
@@ -59,6 +65,8 @@ class DraftingOptions:
 
     def _check_prompt_lookup(self) -> None:
         high, low = self.prompt_lookup_max, self.prompt_lookup_min
+        if high is None and low is None:  # the default: on
+            high, low = DEFAULT_PROMPT_LOOKUP
         for key, value in (("prompt_lookup_max", high), ("prompt_lookup_min", low)):
             if value is not None:
                 check_int(key, value, minimum=0, unit="tokens")

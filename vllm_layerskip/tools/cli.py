@@ -28,12 +28,16 @@ def main(argv: list[str] | None = None) -> int:
         description="Known models: " + "; ".join(f"{m.name}: {m.about}" for m in CATALOG.values()))
     prepare.add_argument("name", nargs="?", default=DEFAULT_MODEL,
                          help=f"one of {', '.join(CATALOG)} (default: {DEFAULT_MODEL})")
-    demo = sub.add_parser("demo", help="plain vs speculative decoding on the default model")
-    demo.add_argument("--model", help="model path (default: SmolLM2-135M-Instruct, converted)")
+    demo = sub.add_parser(
+        "demo", help="plain vs speculative decoding, side by side, on a known model",
+        description=demo_tool.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    demo.add_argument("--model", help=f"a known model ({', '.join(CATALOG)}; default "
+                                      f"{demo_tool.DEFAULT_DEMO_MODEL}) or a model path")
     demo.add_argument("--speculative-config", default=json.dumps(demo_tool.DEMO_SPEC),
                       help=f"JSON, as for vllm serve (default: {json.dumps(demo_tool.DEMO_SPEC)})")
-    demo.add_argument("--num-prompts", type=int, default=4)
-    demo.add_argument("--max-tokens", type=int, default=96)
+    demo.add_argument("--dtype", help="default: bfloat16 for qwen2.5-coder-1.5b, float32 for smollm2-135m")
+    demo.add_argument("--num-prompts", type=int, default=6)
+    demo.add_argument("--max-tokens", type=int, default=None)
     from vllm_layerskip.methods.self_sd.search_tool import add_arguments
 
     search = sub.add_parser("search", help="Bayesian search of a skip set; writes a profile "

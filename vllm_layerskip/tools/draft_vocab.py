@@ -131,7 +131,7 @@ def run_draft_vocab(args, progress: bool = True) -> DraftVocab:
     ranking = rank(soft or counts, first, identity.vocab_size)
     vocab = DraftVocab(
         model=identity, token_ids=ranking, always_included=len(first),
-        source={"prompts": prompt_path, "answers": done, "max_tokens": args.max_tokens,
+        source={"prompts": _portable(prompt_path), "answers": done, "max_tokens": args.max_tokens,
                 "generated_tokens": sum(counts.values()), "distinct_generated": len(counts),
                 "top_logprobs": args.top_logprobs, "distinct_likely": len(soft),
                 "size": args.size, "seconds_this_run": round(time.perf_counter() - started, 1),
@@ -170,5 +170,12 @@ def _command(args) -> str:
     parts = ["vllm-layerskip", "draft-vocab"]
     for key, value in vars(args).items():
         if key not in ("command",) and value is not None:
-            parts += [f"--{key.replace('_', '-')}", str(value)]
+            parts += [f"--{key.replace('_', '-')}", _portable(str(value))]
     return shlex.join(parts)
+
+
+def _portable(value: str) -> str:
+    """The owned prompts by their place in the package, not this machine's path."""
+    from vllm_layerskip.tools.prompts import OWNED_PROMPTS
+
+    return "<package>/tools/data/prompts.jsonl" if value == str(OWNED_PROMPTS) else value
