@@ -281,11 +281,14 @@ def test_a_cost_line_from_one_size_never_overstates_the_draft_to_step_ratio():
 
 def _lookup_policy(lookup_rate, self_rate, draft_cost, k=4):
     """A policy that has seen a CPU-like verify line (a plain step 0.2 s, +2%
-    per token), the given draft forward cost, and these acceptance rates."""
+    per token) at every batch size the tests plan for, the given draft forward
+    cost, and these acceptance rates."""
     policy = DraftLengthPolicy(k, probe_interval=4)
-    for n in (1, 2, 3, 5, 8):
-        for _ in range(4):
-            policy.observe_verify(n, 0.2 * (1 + 0.02 * (n - 1)))
+    for num_reqs in (1, 2, 4, 8):
+        for n in (0, 1, 2, 4, 7):
+            for _ in range(4):
+                tokens = num_reqs + n
+                policy.observe_verify(tokens, 0.2 * (1 + 0.02 * (tokens - 1)), num_reqs=num_reqs)
     for _ in range(8):
         policy.observe_draft(1, draft_cost)
     rng = np.random.default_rng(0)
@@ -327,3 +330,42 @@ def test_without_lookup_rows_the_plan_is_the_self_drafting_one():
     b = _lookup_policy(lookup_rate=0.9, self_rate=0.6, draft_cost=0.03)
     for n in (1, 3, 8):
         assert a.choose_with_lookup(n, False, num_lookup=0) == (0, b.choose(n))
+
+
+def _memory_then_compute_bound(tokens: int) -> float:
+    """A CPU's verify step: nearly flat up to 8 tokens (memory-bound, as one
+    request's step of Qwen2.5-Coder-1.5B here), then in proportion to tokens."""
+    return 0.2 + 0.005 * min(tokens, 8) + 0.023 * max(tokens - 8, 0)
+
+
+def test_verify_cost_is_learnt_per_batch_size():
+    policy = DraftLengthPolicy(8, probe_interval=4)
+    rng = np.random.default_rng(0)
+    lengths = {1: [], 8: []}
+    for num_reqs in (1, 8):  # batch 1 first, then 8 requests, all with a lookup match
+        for _ in range(300):
+            lookup, plan = policy.choose_with_lookup(num_reqs, False, num_lookup=num_reqs)
+            lengths[num_reqs].append(lookup)
+            for _ in range(num_reqs if lookup else 0):
+                accepted = 0
+                while accepted < lookup and rng.random() < 0.6:
+                    accepted += 1
+                policy.observe_acceptance(lookup, accepted, lookup=True)
+            tokens = num_reqs * (1 + lookup)
+            policy.observe_verify(tokens, _memory_then_compute_bound(tokens), num_reqs=num_reqs)
+    # One request: verifying 9 tokens costs 1.2 steps of 1, so long copies pay.
+    assert np.mean(lengths[1][50:]) > 4
+    # Eight: 2 copied tokens each would cost 1.8 steps for ~1.8x the tokens at
+    # best, less at 60% acceptance: from the first steps on, lookup stays off
+    # but for its probes (every 4th step). One line fit to both batch sizes
+    # drafted in most of the first 48 (a batch of 48-token answers).
+    assert sum(k > 0 for k in lengths[8][:48]) <= 48 // 4 + 2, lengths[8][:48]
+    assert set(policy.verify_costs) == {1, 8}
+
+
+def test_a_batch_size_not_measured_yet_is_probed_before_drafting():
+    policy = _lookup_policy(lookup_rate=0.8, self_rate=0.8, draft_cost=0.02)
+    lookup, plan = policy.choose_with_lookup(16, False, num_lookup=8)
+    assert lookup == PROBE_LENGTH  # lookup: a short probe
+    plan = policy.choose(16)
+    assert plan.length == PROBE_LENGTH and plan.rows <= 2 * PROBE_ROWS

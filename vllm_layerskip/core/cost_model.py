@@ -8,7 +8,13 @@ position i (vLLM stops at the first rejected draft). k = 0 is plain decoding.
 Everything is measured while serving:
 - the verify step time as a linear function of the tokens it processed,
   v(n) = v0 + v1 * n (on a GPU, v1 is small: verifying a few tokens costs about one
-  decode step; on a CPU it is not);
+  decode step; on a CPU it is not), one line per batch size (requests in the
+  step, rounded up to a power of two): the cost of a token is not one line across
+  batch sizes. On Qwen2.5-Coder-1.5B on a 2-core CPU one request's step is
+  memory-bound (9 tokens cost ~1.07 steps of 1) and eight requests' is not (8
+  tokens cost 1.75 steps of 1, and more tokens cost in proportion); one line fit
+  to both underestimated what drafts cost at 8 requests, and every method drafted
+  there at 0.86-0.96x plain (benchmarks/RESULTS.md, 2026-11-25);
 - the draft forward time as a linear function of the rows it drafts for;
 - the per-position acceptance, from how many of last step's drafts each request
   kept, with exponential forgetting so a shift in the text is followed.
@@ -192,7 +198,10 @@ class DraftLengthPolicy:
         self.steps_since_lookup_probe = 0
         self.lookup_steps = 0
         self.lookup_length_sum = 0
-        self.verify_cost = LinearCost()
+        # One verify-cost line per batch-size bucket (verify_line); the step
+        # being planned reads its own bucket's line.
+        self.verify_costs: dict[int, LinearCost] = {}
+        self.verify_cost = self.verify_line(1)
         # Draft forwards are timed only while drafting: once drafting is off,
         # one sample per probe, so a long window would take hundreds of probes
         # to notice a draft that got cheaper (a new skip set).
@@ -206,13 +215,26 @@ class DraftLengthPolicy:
 
     # ---- what was measured ---------------------------------------------------
 
-    def observe_verify(self, num_tokens: int, seconds: float) -> None:
-        predicted = self.verify_cost.predict(num_tokens)
+    def verify_line(self, num_reqs: int) -> LinearCost:
+        """The verify-cost line of steps with `num_reqs` requests: one per
+        power of two (1, 2, 3-4, 5-8, ...). A bucket with no samples yet makes
+        the policy probe before it drafts there (choose, lookup_length)."""
+        bucket = 1 << (max(int(num_reqs), 1) - 1).bit_length()
+        line = self.verify_costs.get(bucket)
+        if line is None:
+            line = self.verify_costs[bucket] = LinearCost()
+        return line
+
+    def observe_verify(self, num_tokens: int, seconds: float, num_reqs: int | None = None) -> None:
+        """A verify step of `num_tokens` tokens over `num_reqs` requests (None:
+        the bucket of the step last planned) took `seconds`."""
+        line = self.verify_cost if num_reqs is None else self.verify_line(num_reqs)
+        predicted = line.predict(num_tokens)
         # A gap far longer than predicted is the engine idling between requests,
         # not the cost of the step.
-        if predicted is not None and len(self.verify_cost) >= 8 and seconds > 5 * predicted:
+        if predicted is not None and len(line) >= 8 and seconds > 5 * predicted:
             return
-        self.verify_cost.add(num_tokens, seconds)
+        line.add(num_tokens, seconds)
 
     def observe_draft(self, num_rows: int, seconds_per_forward: float) -> None:
         self.draft_cost.add(num_rows, seconds_per_forward)
@@ -303,16 +325,17 @@ class DraftLengthPolicy:
         """(lookup length, plan): the draft length of the `num_lookup` requests
         that have a lookup draft (core/lookup.py; 0: they self-draft like the
         others), and the plan of the requests that self-draft."""
+        self.verify_cost = self.verify_line(num_reqs)
         lookup = 0
         if num_lookup and not (prefilling and len(self.verify_cost) == 0):
             lookup = self.lookup_length(num_reqs, num_lookup)
         if not lookup:
-            return 0, self.choose(num_reqs, prefilling)
+            return 0, self._choose(num_reqs, prefilling, (0.0, 0))
         self.lookup_steps += 1
         self.lookup_length_sum += lookup
         rates = self.lookup_acceptance.rates()
         others = (num_lookup * expected_tokens(rates, lookup), num_lookup * (1 + lookup))
-        return lookup, self.choose(num_reqs - num_lookup, prefilling, others)
+        return lookup, self._choose(num_reqs - num_lookup, prefilling, others)
 
     def choose(self, num_reqs: int, prefilling: bool = False,
                others: tuple[float, int] = (0.0, 0)) -> DraftPlan:
@@ -320,6 +343,12 @@ class DraftLengthPolicy:
         `num_reqs` requests draft. `prefilling`: the step also runs prompt
         chunks (chunked prefill). `others`: expected and verified tokens of the
         step's requests that draft otherwise (lookup), sharing its verify pass."""
+        self.verify_cost = self.verify_line(num_reqs)
+        return self._choose(num_reqs, prefilling, others)
+
+    def _choose(self, num_reqs: int, prefilling: bool,
+                others: tuple[float, int]) -> DraftPlan:
+        """choose, with the step's verify-cost line already selected."""
         self.steps += 1
         if num_reqs == 0:
             return DraftPlan(0, 0)
@@ -330,9 +359,10 @@ class DraftLengthPolicy:
             # (A server hit by many requests at once spends its first seconds
             # here; drafting K for every request then delayed every prompt.)
             k = 0
-        elif len(self.draft_cost) == 0 or (
+        elif len(self.draft_cost) == 0 or len(self.verify_cost) == 0 or (
             self.steps <= self.warmup_steps and self.draft_can_pay(num_reqs)
         ):
+            # Nothing measured yet at this batch size: a short probe, not K.
             k, probe = min(PROBE_LENGTH, self.max_k), True
         else:
             k = self.best_length(num_reqs, others)

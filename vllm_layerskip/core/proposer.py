@@ -257,7 +257,8 @@ class LayerSkipProposerBase:
         # decode/verify steps; only the latter describe drafting's cost.
         if scheduler_output.num_scheduled_tokens and not self._ran_prompt_chunks(scheduler_output):
             self.policy.observe_verify(
-                scheduler_output.total_num_scheduled_tokens, now - self._last_end
+                scheduler_output.total_num_scheduled_tokens, now - self._last_end,
+                num_reqs=len(scheduler_output.num_scheduled_tokens),
             )
 
     def _maybe_log(self) -> None:
