@@ -5,8 +5,8 @@ identical.
 
 Two settings, by model:
 - qwen2.5-coder-1.5b (default): the speedup a user comes for, in bfloat16 (the
-  dtype users run; about 8 minutes on 2 CPU cores, most of it plain decoding at
-  ~4.5 tokens/s). In bf16 a verify pass over several tokens rounds differently
+  dtype users run; about 4-5 minutes on 2 CPU cores, most of it plain decoding
+  at ~4.5 tokens/s). In bf16 a verify pass over several tokens rounds differently
   from one-token decoding, so a few tokens may differ from plain decoding (as
   for vLLM's own ngram); exactness is tested in float32 (tests/engine).
 - smollm2-135m: a quick check (about a minute) in float32, where the outputs
