@@ -138,13 +138,15 @@ def test_failed_draft_passes_fall_back_to_plain_decoding(tiny_llama, plain_sampl
     assert verify_calls_without_drafts == 0
 
 
+# The skip set's own drafts: lookup (on by default) is tested apart, in
+# test_draft_sources.py; copied drafts would not go through a failing draft pass.
 CONFIGS = {
-    "layer_skip": {"method": "layer_skip", "skip_attn": [1], "skip_mlp": [2]},
+    "layer_skip": {"method": "layer_skip", "skip_attn": [1], "skip_mlp": [2], "prompt_lookup_max": 0},
     # SWIFT re-chooses its set while sampling (a 1-token context window: every
     # step scores a candidate); no confidence stop, so drafts are long enough.
     "swift": {"method": "swift", "skip_ratio": 0.5, "context_window": 1,
               "draft_confidence_threshold": 0.0, "patience": 100000,
-              "max_optimizer_share": 1.0},
+              "max_optimizer_share": 1.0, "prompt_lookup_max": 0},
 }
 
 
