@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from vllm_layerskip.core.cost_model import (
-    PROBE_LENGTH, PROBE_ROWS, DraftLengthPolicy, LinearCost, PositionAcceptance, expected_tokens,
+    PROBE_LENGTH, PROBE_ROWS, DraftLengthPolicy, LinearCost, PositionAcceptance, VerifyCost,
+    expected_tokens,
 )
 
 
@@ -369,3 +370,77 @@ def test_a_batch_size_not_measured_yet_is_probed_before_drafting():
     assert lookup == PROBE_LENGTH  # lookup: a short probe
     plan = policy.choose(16)
     assert plan.length == PROBE_LENGTH and plan.rows <= 2 * PROBE_ROWS
+
+
+# ---- a price per step that verifies drafts -----------------------------------
+
+
+def test_verify_cost_learns_what_a_drafting_step_pays_on_top_of_its_tokens():
+    # 8 requests: a plain step 0.38 s, +0.01 s per extra token, +0.12 s for
+    # any step that verifies drafts (the rejection sampler and its bookkeeping).
+    cost = VerifyCost()
+    for tokens in (8, 16, 8, 24, 8, 12):
+        cost.add(tokens, 0.30 + 0.01 * tokens + 0.12 * (tokens > 8), drafting=tokens > 8)
+    assert cost.drafting_price == pytest.approx(0.12)
+    assert cost.predict(8) == pytest.approx(0.38)
+    assert cost.predict(10, drafting=True) == pytest.approx(0.52)
+    # A line through the same steps by tokens alone would put a 1-token draft
+    # at less than a third of that price over a plain step.
+    tokens_only = LinearCost()
+    for x, y in cost.tokens_only.samples:
+        tokens_only.add(x, y)
+    assert tokens_only.predict(9) - tokens_only.predict(8) < 0.04
+
+
+def test_verify_cost_is_the_tokens_only_line_until_the_price_can_be_told_apart():
+    plain_only = VerifyCost()
+    for tokens in (8, 8, 8):
+        plain_only.add(tokens, 0.38)
+    assert plain_only.drafting_price == 0.0
+    assert plain_only.predict(16, drafting=True) == pytest.approx(0.76)  # proportional
+    # Drafting steps at one size only: price and slope cannot be told apart.
+    one_size = VerifyCost()
+    for tokens in (8, 24, 8, 24):
+        one_size.add(tokens, 0.38 if tokens == 8 else 0.80, drafting=tokens > 8)
+    assert one_size.drafting_price == 0.0
+    assert one_size.predict(16, drafting=True) == pytest.approx(0.59)
+    # Drafting steps cheaper than the line through plain ones: noise, no price.
+    noisy = VerifyCost()
+    for tokens, seconds in ((8, 0.40), (8, 0.40), (16, 0.41), (24, 0.50), (12, 0.41)):
+        noisy.add(tokens, seconds, drafting=tokens > 8)
+    assert noisy.drafting_price == 0.0
+    # The window forgets: old drafting steps leave its sums with them.
+    windowed = VerifyCost(window=4)
+    for tokens in (8, 16, 8, 24):
+        windowed.add(tokens, 0.30 + 0.01 * tokens + 0.5 * (tokens > 8), drafting=tokens > 8)
+    for tokens in (8, 16, 8, 24):
+        windowed.add(tokens, 0.30 + 0.01 * tokens + 0.1 * (tokens > 8), drafting=tokens > 8)
+    assert windowed.drafting_price == pytest.approx(0.1)
+
+
+def test_a_price_per_drafting_step_keeps_short_copies_off_where_they_do_not_pay():
+    # 8 requests, copies accepted at 60% per position, a plain step 0.38 s and
+    # +0.02 s per extra token. Without a price per drafting step one copied
+    # token each pays (12.8 tokens for 0.54 s against 8 for 0.38 s); with a
+    # price of 0.1 s none does (0.64 s), but a line by tokens alone, through
+    # the same steps, still drafts one.
+    def policy_after(price, tell_drafting):
+        policy = DraftLengthPolicy(4, probe_interval=4)
+        policy.verify_cost = policy.verify_line(8)
+        for extra in (0, 1, 2, 4, 7):
+            for _ in range(4):
+                policy.observe_verify(8 + extra, 0.38 + 0.02 * extra + price * (extra > 0),
+                                      num_reqs=8 if tell_drafting else None)
+        rng = np.random.default_rng(0)
+        for _ in range(400):
+            accepted = 0
+            while accepted < 4 and rng.random() < 0.6:
+                accepted += 1
+            policy.observe_acceptance(4, accepted, lookup=True)
+        return policy
+
+    assert policy_after(0.0, True).choose_with_lookup(8, False, num_lookup=8)[0] == 1
+    priced = policy_after(0.1, True)
+    assert priced.choose_with_lookup(8, False, num_lookup=8)[0] == 0
+    assert priced.summary()["verify_ms"][8] == {"plain": 380.0, "drafting_price": 100.0}
+    assert policy_after(0.1, False).choose_with_lookup(8, False, num_lookup=8)[0] == 1

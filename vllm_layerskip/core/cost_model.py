@@ -14,7 +14,8 @@ Everything is measured while serving:
   memory-bound (9 tokens cost ~1.07 steps of 1) and eight requests' is not (8
   tokens cost 1.75 steps of 1, and more tokens cost in proportion); one line fit
   to both underestimated what drafts cost at 8 requests, and every method drafted
-  there at 0.86-0.96x plain (benchmarks/RESULTS.md, 2026-11-25);
+  there at 0.86-0.96x plain (benchmarks/RESULTS.md, 2026-11-25). Each line has a
+  price of its own for steps that verify any draft (VerifyCost);
 - the draft forward time as a linear function of the rows it drafts for;
 - the per-position acceptance, from how many of last step's drafts each request
   kept, with exponential forgetting so a shift in the text is followed.
@@ -111,6 +112,99 @@ class LinearCost:
         return max(intercept + slope * size, 1e-6)
 
 
+class VerifyCost:
+    """Seconds of a verify step: v0 + v1 * tokens, plus s if the step verifies
+    drafts, least squares over the recent steps of one batch-size bucket.
+
+    Why s: a step that verifies drafts pays for work a plain step skips, once
+    per step whatever the draft length: vLLM's rejection sampler (at T > 0 it
+    reads target probabilities over the whole vocabulary, 151,936 ids for
+    Qwen2.5-Coder-1.5B, for every request and position) and the spec-decode
+    bookkeeping around it. A line through plain steps (tokens = requests) and
+    drafting steps (more tokens) alone folds that price into its slope: about
+    right at the lengths drafted lately, too cheap for shorter drafts. With 8
+    requests at T = 1 every method ran at 0.91-0.97x plain while drafting in
+    3-6% of its steps (benchmarks/RESULTS.md, 2026-11-25).
+
+    Until both kinds of step, at two sizes or more, are in the window (s and
+    the slope cannot be told apart before), s is 0 and the line is the tokens-
+    only fit (LinearCost), as is a fit whose s comes out negative (noise)."""
+
+    def __init__(self, window: int = 128):
+        self.tokens_only = LinearCost(window)
+        self.drafting: deque[bool] = deque(maxlen=window)
+        self._sums = [0.0, 0.0, 0.0]  # sum d, sum d*x, sum d*y over the window (d: 0/1)
+        self._added = 0
+        self._fit: tuple[float, float, float] | None = None  # (v0, v1, s)
+
+    def add(self, size: float, seconds: float, drafting: bool = False) -> None:
+        if len(self.drafting) == self.drafting.maxlen:
+            self._accumulate(*self.tokens_only.samples[0], self.drafting[0], sign=-1.0)
+        self.tokens_only.add(size, seconds)
+        self.drafting.append(bool(drafting))
+        self._added += 1
+        if self._added % self.drafting.maxlen == 0:  # recount, as LinearCost does
+            self._sums = [0.0, 0.0, 0.0]
+            for (x, y), d in zip(self.tokens_only.samples, self.drafting):
+                self._accumulate(x, y, d)
+        else:
+            self._accumulate(float(size), float(seconds), drafting)
+        self._fit = None
+
+    def _accumulate(self, x: float, y: float, d: bool, sign: float = 1.0) -> None:
+        if d:
+            s = self._sums
+            s[0] += sign
+            s[1] += sign * x
+            s[2] += sign * y
+
+    def __len__(self) -> int:
+        return len(self.tokens_only)
+
+    @property
+    def single_size(self) -> float | None:
+        return self.tokens_only.single_size
+
+    @property
+    def drafting_price(self) -> float:
+        """s: what verifying drafts costs a step on top of its tokens (seconds)."""
+        return self._line()[2]
+
+    def _line(self) -> tuple[float, float, float]:
+        if self._fit is None:
+            self._fit = self._solve()
+        return self._fit
+
+    def _solve(self) -> tuple[float, float, float]:
+        line = self.tokens_only._fit()
+        fallback = (line[0], line[1], 0.0) if line else (0.0, 0.0, 0.0)
+        n = len(self.drafting)
+        num_drafting, sum_dx, sum_dy = self._sums
+        if n == 0 or num_drafting < 0.5 or n - num_drafting < 0.5:
+            return fallback
+        sum_x, sum_y, sum_xx, sum_xy = self.tokens_only._sums
+        a = np.array([[n, sum_x, num_drafting],
+                      [sum_x, sum_xx, sum_dx],
+                      [num_drafting, sum_dx, num_drafting]])
+        b = np.array([sum_y, sum_xy, sum_dy])
+        if np.linalg.cond(a) > 1e10:
+            return fallback  # one size per kind of step: s and v1 not apart
+        v0, v1, s = np.linalg.solve(a, b).tolist()
+        if v1 < 0:
+            # Extra tokens free (a GPU) or noise: flat, plain steps' mean plus s.
+            v0 = (sum_y - sum_dy) / (n - num_drafting)
+            v1, s = 0.0, sum_dy / num_drafting - v0
+        if s < 0:
+            return fallback
+        return v0, v1, s
+
+    def predict(self, size: float, drafting: bool = False) -> float | None:
+        if not len(self):
+            return None
+        v0, v1, s = self._line()
+        return max(v0 + v1 * size + (s if drafting else 0.0), 1e-6)
+
+
 @dataclass
 class PositionAcceptance:
     """Conditional acceptance rate of each draft position, exponentially forgetting."""
@@ -200,7 +294,7 @@ class DraftLengthPolicy:
         self.lookup_length_sum = 0
         # One verify-cost line per batch-size bucket (verify_line); the step
         # being planned reads its own bucket's line.
-        self.verify_costs: dict[int, LinearCost] = {}
+        self.verify_costs: dict[int, VerifyCost] = {}
         self.verify_cost = self.verify_line(1)
         # Draft forwards are timed only while drafting: once drafting is off,
         # one sample per probe, so a long window would take hundreds of probes
@@ -215,26 +309,29 @@ class DraftLengthPolicy:
 
     # ---- what was measured ---------------------------------------------------
 
-    def verify_line(self, num_reqs: int) -> LinearCost:
+    def verify_line(self, num_reqs: int) -> VerifyCost:
         """The verify-cost line of steps with `num_reqs` requests: one per
         power of two (1, 2, 3-4, 5-8, ...). A bucket with no samples yet makes
         the policy probe before it drafts there (choose, lookup_length)."""
         bucket = 1 << (max(int(num_reqs), 1) - 1).bit_length()
         line = self.verify_costs.get(bucket)
         if line is None:
-            line = self.verify_costs[bucket] = LinearCost()
+            line = self.verify_costs[bucket] = VerifyCost()
         return line
 
     def observe_verify(self, num_tokens: int, seconds: float, num_reqs: int | None = None) -> None:
         """A verify step of `num_tokens` tokens over `num_reqs` requests (None:
-        the bucket of the step last planned) took `seconds`."""
+        the bucket of the step last planned) took `seconds`. A decode step
+        schedules one token per request plus its drafts: more tokens than
+        requests is a step that verified drafts."""
         line = self.verify_cost if num_reqs is None else self.verify_line(num_reqs)
-        predicted = line.predict(num_tokens)
+        drafting = num_reqs is not None and num_tokens > num_reqs
+        predicted = line.predict(num_tokens, drafting)
         # A gap far longer than predicted is the engine idling between requests,
         # not the cost of the step.
         if predicted is not None and len(line) >= 8 and seconds > 5 * predicted:
             return
-        line.add(num_tokens, seconds)
+        line.add(num_tokens, seconds, drafting)
 
     def observe_draft(self, num_rows: int, seconds_per_forward: float) -> None:
         self.draft_cost.add(num_rows, seconds_per_forward)
@@ -246,7 +343,7 @@ class DraftLengthPolicy:
 
     def throughput(self, k: int, num_reqs: int) -> float | None:
         """Expected tokens per second of a step drafting k tokens per request."""
-        verify = self.verify_cost.predict(num_reqs * (1 + k))
+        verify = self.verify_cost.predict(num_reqs * (1 + k), drafting=k > 0)
         draft = self.draft_cost.predict(num_reqs) if k > 0 else 0.0
         if verify is None or draft is None:
             return None
@@ -261,7 +358,9 @@ class DraftLengthPolicy:
         expected tokens of every k come from one pass over the acceptance rates,
         not one per k."""
         other_tokens, other_verified = others
-        plain_verify = self.verify_cost.predict(num_reqs + other_verified)
+        # With lookup drafts in the step (others), it verifies drafts even at k = 0.
+        plain_verify = self.verify_cost.predict(num_reqs + other_verified,
+                                                drafting=other_verified > 0)
         draft = self.draft_cost.predict(num_reqs)
         if plain_verify is None or draft is None:
             return self.max_k
@@ -270,7 +369,7 @@ class DraftLengthPolicy:
         for k, rate in enumerate(self.acceptance.rates().tolist(), start=1):
             chain *= rate
             tokens += chain
-            verify = self.verify_cost.predict(num_reqs * (1 + k) + other_verified)
+            verify = self.verify_cost.predict(num_reqs * (1 + k) + other_verified, drafting=True)
             t = (num_reqs * tokens + other_tokens) / (k * draft + verify)
             if t > best:
                 best_k, best = k, t
@@ -291,7 +390,8 @@ class DraftLengthPolicy:
         for k, rate in enumerate(self.lookup_acceptance.rates().tolist(), start=1):
             chain *= rate
             tokens += chain
-            t = (num_lookup * tokens + num_reqs - num_lookup) / verify(num_reqs + num_lookup * k)
+            t = (num_lookup * tokens + num_reqs - num_lookup) / verify(num_reqs + num_lookup * k,
+                                                                      drafting=True)
             if t > best:
                 best_k, best = k, t
         if best_k:
@@ -405,4 +505,11 @@ class DraftLengthPolicy:
             "lookup_acceptance_by_position": [
                 round(float(r), 3) for r in self.lookup_acceptance.rates()
             ],
+            # Per batch-size bucket: a plain step's verify seconds and what a
+            # step that verifies drafts pays on top of its tokens (VerifyCost).
+            "verify_ms": {
+                bucket: {"plain": round(1000 * (line.predict(bucket) or 0.0), 1),
+                         "drafting_price": round(1000 * line.drafting_price, 1)}
+                for bucket, line in sorted(self.verify_costs.items()) if len(line)
+            },
         }
