@@ -444,3 +444,41 @@ def test_a_price_per_drafting_step_keeps_short_copies_off_where_they_do_not_pay(
     assert priced.choose_with_lookup(8, False, num_lookup=8)[0] == 0
     assert priced.summary()["verify_ms"][8] == {"plain": 380.0, "drafting_price": 100.0}
     assert policy_after(0.1, False).choose_with_lookup(8, False, num_lookup=8)[0] == 1
+
+
+# ---- acceptance evidence fades while drafting is off -------------------------
+
+
+def _drafting_share_after_a_hard_request(seed: int) -> float:
+    """Batch 1, a draft forward 0.47 of a plain step (clasp on Qwen2.5-Coder-1.5B
+    here): a 48-token request whose drafts are accepted at 30% per position
+    (drafting does not pay), then one at 85% (it does). The share of the second
+    request's steps that draft."""
+    rng = np.random.default_rng(seed)
+    policy = DraftLengthPolicy(8)
+    drafted = 0
+    for rate, steps in ((0.3, 48), (0.85, 96)):
+        drafted = 0
+        for _ in range(steps):
+            k, rows = policy.choose(1)
+            if k:
+                drafted += 1
+                accepted = 0
+                while accepted < k and rng.random() < rate:
+                    accepted += 1
+                policy.observe_acceptance(k, accepted)
+                policy.observe_draft(1, 0.47 * 0.238)
+            policy.observe_verify(1 + k, 0.238 * (1 + 0.01 * k), num_reqs=1)
+    return drafted / 96
+
+
+def test_drafting_turned_off_by_a_hard_request_turns_on_again_for_an_easy_one(monkeypatch):
+    from vllm_layerskip.core import cost_model
+
+    shares = [_drafting_share_after_a_hard_request(seed) for seed in range(6)]
+    assert min(shares) > 0.6, shares
+    # Without the fading, a probe weighs 1 against ~50 old observations, and
+    # the easy request mostly decodes plainly (2% of its steps in 4 of 6 seeds).
+    monkeypatch.setattr(cost_model, "IDLE_FADE", 1.0)
+    stale = [_drafting_share_after_a_hard_request(seed) for seed in range(6)]
+    assert np.mean(stale) < 0.3, stale

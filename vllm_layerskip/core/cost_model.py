@@ -225,11 +225,15 @@ class PositionAcceptance:
         if it is shorter than the draft, position num_accepted+1 was rejected."""
         if num_drafted <= 0:
             return
-        self.accepted *= self.decay
-        self.offered *= self.decay
+        self.age(self.decay)
         reached = min(num_accepted + 1, num_drafted)
         self.offered[:reached] += 1
         self.accepted[:num_accepted] += 1
+
+    def age(self, factor: float) -> None:
+        """Let the evidence fade without a new observation (a step without drafts)."""
+        self.accepted *= factor
+        self.offered *= factor
 
     def rates(self) -> np.ndarray:  # [max_k]
         # A position with little data borrows the estimate of the one before it:
@@ -260,6 +264,18 @@ PROBE_LENGTH = 2
 # its line (flat on a GPU, steep on a CPU) extrapolates to the full batch. Which
 # rows rotates (core/proposer.py), so no request's text dominates the estimate.
 PROBE_ROWS = 4
+# While the skip set's drafts are off, their acceptance evidence fades by this
+# factor per step, so the next probe speaks for the text being written now, not
+# for the text that turned drafting off. Without it, a probe weighed 1 against
+# ~50 older observations (decay 0.98 per observation) and, with the probe
+# interval doubling, drafting that turned off in one request stayed off through
+# the next, easier ones: on Qwen2.5-Coder-1.5B at fixed K = 3 `clasp`'s drafts
+# pay in coding and math (1.25x, 2026-11-25) and not in qa (0.75x). Simulated
+# (48-step requests alternating acceptance 0.3-0.85, draft 0.47 of a step,
+# 4 seeds): 0.985-1.049x plain without fading, 1.025-1.068x at 0.95 (the
+# per-request best fixed length: ~1.12x); on streams where drafting never pays
+# 0.979-0.989x against 0.987-0.996x (tests/unit/test_cost_model.py).
+IDLE_FADE = 0.95
 
 
 class DraftPlan(NamedTuple):
@@ -488,6 +504,8 @@ class DraftLengthPolicy:
         if k > 0:
             self.steps_drafting += 1
             self.draft_length_sum += k
+        else:
+            self.acceptance.age(IDLE_FADE)
         return DraftPlan(k, rows)
 
     def summary(self) -> dict:
