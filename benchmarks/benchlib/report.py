@@ -32,6 +32,30 @@ def fmt(v, spec=".2f") -> str:
     return "-" if v is None else format(v, spec)
 
 
+def cpu_vector_isa(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's widest vector instructions for bf16 matmuls, from /proc/cpuinfo.
+
+    Why it is in every report: reports named the CPU only ("AMD EPYC x2"), and
+    that name has covered two kinds of machine here. On the one of the runs up
+    to 2026-11-25 11:07 (ISA not recorded) a bf16 decode step of
+    Qwen2.5-Coder-1.5B was memory-bound: plain 3.7-4.0 tokens/s at batch 1,
+    12-21 at 8 requests. On one with AVX2 and no AVX-512 (2026-11-25 13:00) it
+    is compute-bound: 1.7 tokens/s at batch 1, 2.2 at 8 requests (a one-off
+    check with vLLM's LLM, 32 tokens), so an extra verified token costs far
+    more. Figures from the two are not comparable."""
+    try:
+        with open(cpuinfo) as f:
+            flags = next((line.split(":", 1)[1].split() for line in f
+                          if line.startswith("flags")), [])
+    except OSError:
+        return "unknown"
+    for flag, name in (("amx_bf16", "AMX-BF16"), ("avx512_bf16", "AVX-512 BF16"),
+                       ("avx512f", "AVX-512 (no BF16)"), ("avx2", "AVX2 (no AVX-512)")):
+        if flag in flags:
+            return name
+    return "no AVX2"
+
+
 def machine_info(args, model: str) -> dict:
     import psutil
     import torch
@@ -43,6 +67,7 @@ def machine_info(args, model: str) -> dict:
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "command": " ".join([os.path.relpath(sys.executable), *sys.argv]),
         "platform": platform.platform(), "cpu": cpu, "cpu_count": os.cpu_count(),
+        "cpu_vector_isa": cpu_vector_isa(),
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "load_average_at_start": os.getloadavg(),
         "python": platform.python_version(), "torch": torch.__version__,
@@ -58,7 +83,7 @@ def header(args, info: dict, workloads, n_engines: int, groups: int) -> str:
     wl = "; ".join(w.label for w, _ in workloads)
     lines = [
         f"{os.path.basename(info['model'])}, {info['date']}: {info['cpu']} x{info['cpu_count']} "
-        f"cores, {info['memory_gib']} GiB, vllm {info['vllm']}, torch {info['torch']}, "
+        f"cores, {info.get('cpu_vector_isa', 'vector ISA not recorded')}, {info['memory_gib']} GiB, vllm {info['vllm']}, torch {info['torch']}, "
         f"dtype={args.dtype}, K={args.k}, max_tokens={args.max_tokens}, "
         f"libiomp preloaded={iomp}, KV cache {info['VLLM_CPU_KVCACHE_SPACE']} GiB per engine, "
         f"load average at start {info['load_average_at_start'][0]:.1f}",

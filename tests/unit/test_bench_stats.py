@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks"))
 
 from benchlib.figures import ALL, speedup_intervals  # noqa: E402
-from benchlib.report import floor_check  # noqa: E402
+from benchlib.report import cpu_vector_isa, floor_check  # noqa: E402
 from benchlib.workloads import latency_blocks, warmup_questions  # noqa: E402
 
 WORKLOAD = "batch 1, T=0"
@@ -222,3 +222,19 @@ def test_pooling_refuses_a_file_that_is_not_a_benchmark_result(tmp_path):
     broken.write_text('{"turns": [')
     with pytest.raises(SystemExit, match=r"cut.json: not a bench_methods.py result .*pass the .json"):
         load_turns(str(broken))
+
+
+@pytest.mark.parametrize("flags, isa", [
+    ("fpu avx avx2 fma", "AVX2 (no AVX-512)"),
+    ("avx2 avx512f avx512bw", "AVX-512 (no BF16)"),
+    ("avx2 avx512f avx512_bf16", "AVX-512 BF16"),
+    ("avx2 avx512f avx512_bf16 amx_bf16 amx_tile", "AMX-BF16"),
+    ("fpu sse2", "no AVX2"),
+])
+def test_reports_name_the_cpus_vector_isa(tmp_path, flags, isa):
+    """Reports named the CPU only ("AMD EPYC"), a name that has covered machines
+    with and without AVX-512 here: every report now names the ISA it ran on."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: {flags}\n")
+    assert cpu_vector_isa(str(cpuinfo)) == isa
+    assert cpu_vector_isa(str(tmp_path / "missing")) == "unknown"
