@@ -46,15 +46,22 @@ def _plain_samples(model, prompt_ids):
         shutdown(llm)
 
 
+def _copy_prompt(smollm2_path) -> list[int]:
+    """A list that repeats, then a stretch whose period is shorter than K: there
+    the most recent match sits right before the end of the context and its copy
+    runs out after a token or two, so the draft continues it by itself."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm2_path)
+    text = ", ".join(["apple", "pear", "plum", "fig", "lime"] * 2) + ", ha, ha, ha, ha,"
+    return tok(text, add_special_tokens=False).input_ids
+
+
 @pytest.fixture(scope="module")
 def plain(tiny_llama, smollm2_path):
     """Per source, the prompt and plain decoding's samples on it. Lookup: SmolLM2
     continuing a list that repeats, which it mostly goes on copying at T = 1."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(smollm2_path)
-    copy_prompt = tok(", ".join(["apple", "pear", "plum", "fig", "lime"] * 3) + ",",
-                      add_special_tokens=False).input_ids
+    copy_prompt = _copy_prompt(smollm2_path)
     return {"draft_vocab": ([1, 2, 3, 4], _plain_samples(tiny_llama, [1, 2, 3, 4])),
             "lookup": (copy_prompt, _plain_samples(smollm2_path, copy_prompt))}
 
@@ -106,9 +113,12 @@ def test_sampling_distribution_matches_plain(tiny_llama, smollm2_path, plain, vo
         assert outside > 0.1, outside  # the pruned vocabulary leaves real mass out
         assert verified["self"]["draft_tokens"] > NUM_SAMPLES
     else:
-        # Most drafts copied from the context, some of them rejected.
+        # Most drafts copied from the context, some of them rejected; copies
+        # that ran out continued by the skip set's draft, which q covers too.
         assert verified["lookup"]["draft_tokens"] > NUM_SAMPLES, verified
         assert 0.02 < verified["lookup"]["acceptance"] < 0.98, verified
+        assert verified["continuation"]["draft_tokens"] > 100, verified
+        assert 0.02 < verified["continuation"]["acceptance"] < 0.98, verified
     assert 0.02 < counters.acceptance_rate < 0.98, counters
     for pos in range(1, NUM_TOKENS):  # position 0 comes from the prefill, no draft
         p = two_sample_p_value(plain_samples[:, pos], samples[:, pos])
@@ -132,3 +142,20 @@ def _draft_head_ids(worker):
     head = worker.model_runner.drafter.engine.head
     return head.token_ids.tolist() if head.pruned else []
 
+
+
+def test_a_copy_that_runs_out_goes_on_as_the_target_would(smollm2_path):
+    """Nothing skipped and the full LM head: the draft is the target, so a
+    continuation after a copied draft is accepted whole, if its first pass fed
+    the copied tokens and wrote their K/V where the later draft steps read it."""
+    config = {"method": "layer_skip", "num_speculative_tokens": 3, "draft_vocab_size": 0,
+              "adaptive_draft_length": False, "prompt_lookup_max": 2, "prompt_lookup_min": 1}
+    llm = make_llm(smollm2_path, speculative_config=config, **ENGINE)
+    try:
+        sample(llm, _copy_prompt(smollm2_path), num_samples=128)
+        verified = proposer_stats(llm)["verified"]
+    finally:
+        shutdown(llm)
+    assert verified["continuation"]["draft_tokens"] > 10, verified
+    assert verified["continuation"]["acceptance"] >= 0.95, verified
+    assert verified["self"]["acceptance"] >= 0.95, verified

@@ -333,6 +333,28 @@ def test_without_lookup_rows_the_plan_is_the_self_drafting_one():
         assert a.choose_with_lookup(n, False, num_lookup=0) == (0, b.choose(n))
 
 
+def test_a_copy_that_runs_out_is_continued_where_self_drafts_pay():
+    none = np.array([], dtype=np.int64)
+    cheap = _lookup_policy(lookup_rate=0.9, self_rate=0.8, draft_cost=0.02)
+    # Memory-bound draft passes: a pass of 4 rows costs little more than one
+    # (the continuation's first pass feeds the copied tokens too).
+    for _ in range(8):
+        cheap.observe_draft(4, 0.026)
+    # One request, its copy of 2 tokens ran out: the rest of K = 4 self-drafted.
+    assert cheap.continuation_length(1, (0, 0), none, np.array([2])) == 2
+    # Beside another request's full copy and two self-drafting requests, too.
+    assert cheap.continuation_length(4, (3, 2), np.array([4]), np.array([1])) > 0
+    assert cheap.summary()["continuation_steps"] == 2
+    # A self-draft as costly as a plain step does not pay after a copy either.
+    costly = _lookup_policy(lookup_rate=0.9, self_rate=0.8, draft_cost=0.2)
+    assert costly.continuation_length(1, (0, 0), none, np.array([2])) == 0
+    # Copies rarely accepted whole: a continuation is rarely even verified.
+    rejected = _lookup_policy(lookup_rate=0.1, self_rate=0.8, draft_cost=0.02)
+    assert rejected.continuation_length(1, (0, 0), none, np.array([3])) == 0
+    # Nothing measured yet: no continuation on a guess.
+    assert DraftLengthPolicy(4).continuation_length(1, (0, 0), none, np.array([1])) == 0
+
+
 def _memory_then_compute_bound(tokens: int) -> float:
     """A CPU's verify step: nearly flat up to 8 tokens (memory-bound, as one
     request's step of Qwen2.5-Coder-1.5B here), then in proportion to tokens."""

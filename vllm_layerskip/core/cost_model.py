@@ -308,6 +308,7 @@ class DraftLengthPolicy:
         self.steps_since_lookup_probe = 0
         self.lookup_steps = 0
         self.lookup_length_sum = 0
+        self.continuation_steps = 0  # steps that continued copies with a self-draft
         # One verify-cost line per batch-size bucket (verify_line); the step
         # being planned reads its own bucket's line.
         self.verify_costs: dict[int, VerifyCost] = {}
@@ -419,6 +420,49 @@ class DraftLengthPolicy:
             return min(PROBE_LENGTH, self.max_k)
         return 0
 
+    def continuation_length(self, num_reqs: int, self_plan: tuple[int, int],
+                            copy_lengths: np.ndarray, run_out_lengths: np.ndarray) -> int:
+        """Self-draft tokens that continue the copied drafts which ran out
+        (`run_out_lengths`: their m copied tokens each), 0: none. The step also
+        verifies the other copied drafts (`copy_lengths`) and `self_plan` =
+        (length, requests) of self-drafts. Continuation tokens count only where
+        the whole copy is accepted (the lookup rates), and they share the step's
+        draft passes: its first pass also feeds the m copied tokens. Nothing
+        measured yet: 0 (no continuation on a guess)."""
+        n = len(run_out_lengths)
+        if not n or len(self.draft_cost) == 0 or len(self.verify_cost) == 0:
+            return 0
+        draft, verify = self.draft_cost.predict, self.verify_cost.predict
+        self_length, self_rows = self_plan
+        lookup_rates, rates = self.lookup_acceptance.rates(), self.acceptance.rates()
+        copies = np.concatenate([copy_lengths, run_out_lengths]).astype(np.int64)
+        tokens = (num_reqs + sum(expected_tokens(lookup_rates, int(m)) - 1 for m in copies)
+                  + self_rows * (expected_tokens(rates, self_length) - 1))
+        verified = num_reqs + int(copies.sum()) + self_rows * self_length
+        # Requests whose whole copy is accepted, in expectation: those a continuation reaches.
+        reach = sum(float(np.prod(lookup_rates[:m])) for m in run_out_lengths)
+        first_pass = int((run_out_lengths + 1).sum())
+
+        def draft_seconds(j: int) -> float:
+            total = 0.0
+            for step in range(max(self_length, j)):
+                size = (self_rows if step < self_length else 0) + (
+                    (first_pass if step == 0 else n) if step < j else 0)
+                total += draft(size) if size else 0.0
+            return total
+
+        base_verify = verify(verified, drafting=verified > num_reqs)
+        best_j, best = 0, tokens / (draft_seconds(0) + base_verify) * (1 + self.margin)
+        gain, chain = 0.0, 1.0
+        for j, rate in enumerate(rates[: self.max_k - int(run_out_lengths.min())].tolist(), start=1):
+            chain *= rate
+            gain += chain
+            t = (tokens + reach * gain) / (draft_seconds(j) + verify(verified + n * j, drafting=True))
+            if t > best:
+                best_j, best = j, t
+        self.continuation_steps += best_j > 0
+        return best_j
+
     def draft_can_pay(self, num_reqs: int) -> bool:
         """Whether some draft length could beat plain decoding at this batch
         size if every draft token were accepted. Verifying never costs less than
@@ -523,6 +567,7 @@ class DraftLengthPolicy:
             "lookup_acceptance_by_position": [
                 round(float(r), 3) for r in self.lookup_acceptance.rates()
             ],
+            "continuation_steps": self.continuation_steps,
             # Per batch-size bucket: a plain step's verify seconds and what a
             # step that verifies drafts pays on top of its tokens (VerifyCost).
             "verify_ms": {

@@ -12,6 +12,9 @@ through the kept sub-layers of the target itself:
   those slots with the full model's KV, so drafting needs no KV memory of its own;
 - requests stop independently: at their budget (K, or the room left before
   max_model_len) or when the draft's top-1 probability falls under a threshold;
+- a request whose draft copied m tokens from its context (prompt lookup) that
+  ended before its budget continues it: the first pass feeds p .. p + m in one
+  causal query and the steps go on from p + m + 1;
 - with an `EarlyExit` (method adadecode) there is no mask: each token runs the
   layers up to the first confident exit head, and never deeper than the
   shallowest exit earlier in its chain, whose deeper KV was not written.
@@ -45,6 +48,10 @@ class DraftRequests:
     last_position: np.ndarray  # [num_drafting] p
     budget: np.ndarray  # [num_drafting] most draft tokens allowed
     temperature: np.ndarray  # [num_drafting] 0 for greedy
+    # [num_drafting] tokens copied from the context (prompt lookup) that a
+    # request's self-draft continues: they open its draft and count against its
+    # budget (empty: the draft starts at p). None: no request continues one.
+    prefix: list[np.ndarray] | None = None
 
 
 @dataclass
@@ -169,14 +176,40 @@ class DraftEngine:
             vocab = runner.model_config.get_vocab_size()
             probs = torch.zeros(num_reqs, k, vocab, dtype=torch.float32, device=runner.device)
 
-        active = np.flatnonzero(requests.budget > 0)  # indices into `requests`
+        # Continuing a copied draft: its tokens open the request's draft (q one-hot
+        # there, as for any copied draft) and the first pass feeds them all.
+        copied = [np.zeros(0, dtype=np.int64)] * len(requests.rows)
+        if requests.prefix is not None:
+            if early_exit is not None:
+                raise ValueError("early-exit drafts cannot continue a copied draft: a copied "
+                                 "token's KV would be missing above its exit layer")
+            copied = [np.asarray(c, dtype=np.int64) for c in requests.prefix]
+            for idx, c in enumerate(copied):
+                if not len(c):
+                    continue
+                row = int(requests.rows[idx])
+                drafts[row] = c.tolist()
+                top1s[row] = [1.0] * len(c)
+                if probs is not None and sampled_rows[idx]:
+                    probs[row, torch.arange(len(c)), torch.from_numpy(c)] = 1.0
+        num_copied = np.array([len(c) for c in copied], dtype=np.int64)
+
+        active = np.flatnonzero(requests.budget > num_copied)  # indices into `requests`
         tokens = requests.last_token.copy()
         steps = rows_run = 0
         for step in range(k):
             if active.size == 0:
                 break
-            positions = requests.last_position[active] + step
-            if early_exit is None:
+            # Step j of a request with m copied tokens feeds position p + m + j.
+            positions = requests.last_position[active] + num_copied[active] + step
+            if step == 0 and num_copied[active].any():
+                logits = self.forward_continuing(
+                    runner, requests.rows[active], tokens[active],
+                    requests.last_position[active], [copied[i] for i in active], mask,
+                )
+                exit_layer = None
+                rows_run += int(num_copied[active].sum())  # the copied tokens it also ran
+            elif early_exit is None:
                 logits = self.forward(
                     runner, requests.rows[active], tokens[active], positions, mask, step
                 )
@@ -203,7 +236,7 @@ class DraftEngine:
                 drafts[row].append(int(new_tokens[n]))
                 top1s[row].append(float(top1[n]))
                 if q is not None and sampled_rows[idx]:
-                    self.head.scatter(q[n], probs[row, step])
+                    self.head.scatter(q[n], probs[row, num_copied[idx] + step])
                 tokens[idx] = new_tokens[n]
                 done = (
                     len(drafts[row]) >= requests.budget[idx]
@@ -271,6 +304,36 @@ class DraftEngine:
         ):
             hidden = self.stack.forward_masked(ids_t, pos_t, mask.run_attn, mask.run_mlp)
             return self.head.logits(hidden)
+
+    def forward_continuing(
+        self,
+        runner,
+        rows: np.ndarray,  # [B] input-batch rows
+        last_tokens: np.ndarray,  # [B] the token just sampled
+        last_positions: np.ndarray,  # [B] its position p
+        copied: list[np.ndarray],  # [B] copied draft tokens after it (may be empty)
+        mask: SkipMask,
+    ) -> torch.Tensor:  # [B, V] float32 logits at each request's last token
+        """The first draft pass of requests that continue a copied draft: each
+        feeds its sampled token and its copied tokens (positions p .. p + m) in
+        one causal query, writing their K/V where a one-token draft step would
+        have, and predicts from the last of them. Requests without copied tokens
+        are one-token queries in the same pass."""
+        device = runner.device
+        query_lens = np.array([1 + len(c) for c in copied], dtype=np.int64)
+        positions = np.concatenate([np.arange(p, p + n) for p, n in zip(last_positions, query_lens)])
+        input_ids = np.concatenate([np.concatenate([[t], c]) for t, c in zip(last_tokens, copied)])
+        attn_metadata, slot_mapping = self._attention_metadata(
+            runner, rows, query_lens, positions, write_kv=True
+        )
+        last = torch.from_numpy(np.cumsum(query_lens) - 1).to(device)
+        ids_t = torch.from_numpy(input_ids.astype(np.int64)).to(device)
+        pos_t = torch.from_numpy(positions.astype(np.int64)).to(device)
+        with set_forward_context(
+            attn_metadata, self.vllm_config, num_tokens=len(positions), slot_mapping=slot_mapping
+        ):
+            hidden = self.stack.forward_masked(ids_t, pos_t, mask.run_attn, mask.run_mlp)
+            return self.head.logits(hidden[last])
 
     def forward_early_exit(
         self,

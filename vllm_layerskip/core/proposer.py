@@ -63,9 +63,9 @@ class LayerSkipProposerBase:
         # threads) are rank 0's on every rank (rank_agreement.py).
         self.agreement = rank_agreement()
         # What the last call drafted, to learn acceptance and verify cost from the
-        # step that verified it.
-        # req id -> (draft tokens, copied from the context?)
-        self._last_drafted: dict[str, tuple[int, bool]] = {}
+        # step that verified it: req id -> (tokens copied from the context, tokens
+        # self-drafted after them). Both non-zero: a self-draft continuing a copy.
+        self._last_drafted: dict[str, tuple[int, int]] = {}
         self._last_end: float | None = None
         self._probe_offset = 0  # where the next probe's rows start in the batch
         self._last_log = time.monotonic()
@@ -113,20 +113,30 @@ class LayerSkipProposerBase:
         copied = self._lookup(runner, requests)  # [num_drafting] drafts from the context
         has_copy = np.array([len(c) > 0 for c in copied], dtype=bool)
         lookup_length = self.num_speculative_tokens if has_copy.any() else 0
+        # Self-draft tokens after a copied draft that ran out before the room
+        # (its match reached the end of the context); fixed K: fill the room.
+        continue_length = self.num_speculative_tokens if self.continues_copies else 0
         if self.policy is not None and len(requests.rows):
             # The cost model learns from this rank's clock; every rank must run
             # the same number of draft forwards, so rank 0's choice holds.
-            lookup_length, plan = self.agreement.share(self.policy.choose_with_lookup(
-                len(requests.rows), self._ran_prompt_chunks(scheduler_output), int(has_copy.sum())
-            ))
+            lookup_length, plan, continue_length = self.agreement.share(
+                self._plan_step(requests, copied, has_copy, room, scheduler_output))
             self_rows = ~has_copy if lookup_length else np.ones(len(has_copy), dtype=bool)
             requests.budget = np.minimum(requests.budget, plan.length)
             if plan.rows < self_rows.sum():
                 self._limit_to_probe_rows(requests, plan.rows, self_rows)
-        # Requests drafting from their context need no model pass.
+        # Requests drafting from their context need no model pass, unless they
+        # continue their copy with a self-draft.
         copying = has_copy if lookup_length else np.zeros_like(has_copy)
         copy_budget = np.minimum(room, lookup_length)
         requests.budget = np.where(copying, 0, requests.budget)
+        continuing = copying & _runs_out(copied, copy_budget, room) if continue_length else None
+        if continuing is not None and continuing.any():
+            requests.prefix = [copied[i][: copy_budget[i]] if continuing[i] else copied[i][:0]
+                               for i in range(len(copied))]
+            for i in np.flatnonzero(continuing):
+                requests.budget[i] = min(room[i], len(requests.prefix[i]) + continue_length)
+            copying = copying & ~continuing
         draft_start = time.perf_counter()
         result = self._draft_or_nothing(runner, requests)
         draft_seconds = time.perf_counter() - draft_start
@@ -134,17 +144,47 @@ class LayerSkipProposerBase:
             rows_per_step = result.num_rows_run / result.num_forward_steps
             self.policy.observe_draft(rows_per_step, draft_seconds / result.num_forward_steps)
         copied_rows = self._add_copies(runner, requests, result, copied, copying, copy_budget)
+        num_copied = dict.fromkeys(copied_rows, None)
+        for i, prefix in enumerate(requests.prefix or ()):
+            if len(prefix):
+                num_copied[int(requests.rows[i])] = len(prefix)
         req_ids = runner.input_batch.req_ids
-        self._last_drafted = {
-            req_ids[row]: (len(tokens), row in copied_rows)
-            for row, tokens in enumerate(result.token_ids) if tokens
-        }
-        self.stats.record(result, draft_seconds, copied_rows)
+        self._last_drafted = {}
+        for row, tokens in enumerate(result.token_ids):
+            if tokens:
+                n = num_copied.get(row, 0)
+                n = len(tokens) if n is None else n  # None: the whole draft was copied
+                self._last_drafted[req_ids[row]] = (n, len(tokens) - n)
+        self.stats.record(result, draft_seconds,
+                          sum(c for c, _ in self._last_drafted.values()))
         self.bookkeeping.observe(req_ids, self.tracked_request_ids())
         self._maybe_log()
         self._maybe_write_status()
         self._last_end = time.perf_counter()
         return result
+
+    def _plan_step(self, requests: DraftRequests, copied, has_copy, room, scheduler_output):
+        """The cost model's plan for this step: (lookup length, the self-drafting
+        requests' plan, self-draft tokens continuing copies that run out)."""
+        lookup_length, plan = self.policy.choose_with_lookup(
+            len(requests.rows), self._ran_prompt_chunks(scheduler_output), int(has_copy.sum())
+        )
+        if not lookup_length or not self.continues_copies:
+            return lookup_length, plan, 0
+        copy_budget = np.minimum(room, lookup_length)
+        lengths = np.array([len(c[:b]) for c, b in zip(copied, copy_budget)], dtype=np.int64)
+        runs_out = has_copy & _runs_out(copied, copy_budget, room)
+        num_self = min(plan.rows, int((~has_copy).sum())) if plan.length else 0
+        return lookup_length, plan, self.policy.continuation_length(
+            len(requests.rows), (plan.length, num_self), lengths[has_copy & ~runs_out],
+            lengths[runs_out])
+
+    @property
+    def continues_copies(self) -> bool:
+        """Whether a copied draft that runs out may go on as a self-draft (with
+        prompt lookup on). Early-exit drafts (adadecode) cannot: they write no
+        K/V above their exit layer, which a copied token's later readers need."""
+        return bool(self.options.prompt_lookup_max)
 
     def _limit_to_probe_rows(self, requests: DraftRequests, num_rows: int,
                              eligible: np.ndarray | None = None) -> None:
@@ -240,15 +280,24 @@ class LayerSkipProposerBase:
         req_ids = runner.input_batch.req_ids
         total_drafted = total_accepted = 0
         for row, sampled in enumerate(sampled_token_ids[: len(req_ids)]):
-            drafted, copied = self._last_drafted.get(req_ids[row], (0, False))
-            if drafted and sampled:
-                accepted = min(len(sampled) - 1, drafted)
-                self.stats.record_verified(drafted, accepted, copied)
+            copied, drafted = self._last_drafted.get(req_ids[row], (0, 0))
+            if not (copied or drafted) or not sampled:
+                continue
+            accepted = min(len(sampled) - 1, copied + drafted)
+            if copied:
+                self.stats.record_verified(copied, min(accepted, copied), "lookup")
                 if self.policy is not None:
-                    self.policy.observe_acceptance(drafted, accepted, lookup=copied)
-                if not copied:  # the method learns from its own drafts only
-                    total_drafted += drafted
-                    total_accepted += accepted
+                    self.policy.observe_acceptance(copied, min(accepted, copied), lookup=True)
+            # Self-drafted tokens after a copy were verified only if all of the
+            # copy was accepted: only then do they say how good the draft is.
+            if drafted and accepted >= copied:
+                accepted -= copied
+                self.stats.record_verified(drafted, accepted,
+                                           "continuation" if copied else "self")
+                if self.policy is not None:
+                    self.policy.observe_acceptance(drafted, accepted)
+                total_drafted += drafted  # the method learns from its own drafts only
+                total_accepted += accepted
         if total_drafted:
             self.on_verified(total_drafted, total_accepted)
         if self.policy is None or scheduler_output is None or self._last_end is None:
@@ -270,7 +319,7 @@ class LayerSkipProposerBase:
     @property
     def self_drafted_last_step(self) -> bool:
         """Whether the last step ran a draft pass (lookup drafts do not)."""
-        return any(not copied for _, copied in self._last_drafted.values())
+        return any(drafted for _, drafted in self._last_drafted.values())
 
     def tracked_request_ids(self) -> set[str]:
         """Ids of the requests this proposer holds state for. vLLM drops finished
@@ -298,6 +347,12 @@ class LayerSkipProposerBase:
         if self.policy is not None:
             status["cost_model"] = self.policy.summary()
         return status
+
+
+def _runs_out(copied: list[np.ndarray], budget: np.ndarray, room: np.ndarray) -> np.ndarray:
+    """[num_drafting] bool: the copied draft is shorter than its budget and its
+    request has room for more (its match reached the end of the context)."""
+    return np.array([0 < len(c) < min(b, r) for c, b, r in zip(copied, budget, room)], dtype=bool)
 
 
 def _no_drafts(num_rows: int) -> DraftResult:
@@ -332,23 +387,24 @@ class ProposerStats:
         self.num_forward_steps = 0
         self.num_draft_tokens = 0  # self-drafted and copied (prompt lookup)
         self.num_lookup_draft_tokens = 0  # copied from the context (prompt lookup)
-        # Verified draft tokens and how many were accepted, per source.
-        self.verified = {"self": [0, 0], "lookup": [0, 0]}
+        # Verified draft tokens and how many were accepted, per source. A
+        # continuation's tokens count only where its whole copy was accepted.
+        self.verified = {"self": [0, 0], "lookup": [0, 0], "continuation": [0, 0]}
         self.num_rows_run = 0  # rows the draft forwards ran (>= tokens: early exit)
         self.draft_seconds = 0.0
         self.draft_failures = 0  # draft passes that raised (the step ran without drafts)
         self.last_draft_error: str | None = None
 
-    def record(self, result: DraftResult, seconds: float, copied_rows=()) -> None:
+    def record(self, result: DraftResult, seconds: float, num_copied: int = 0) -> None:
         self.num_proposals += 1
         self.num_forward_steps += result.num_forward_steps
         self.num_draft_tokens += result.num_draft_tokens
-        self.num_lookup_draft_tokens += sum(len(result.token_ids[r]) for r in copied_rows)
+        self.num_lookup_draft_tokens += num_copied
         self.num_rows_run += result.num_rows_run
         self.draft_seconds += seconds
 
-    def record_verified(self, drafted: int, accepted: int, copied: bool) -> None:
-        counts = self.verified["lookup" if copied else "self"]
+    def record_verified(self, drafted: int, accepted: int, source: str) -> None:
+        counts = self.verified[source]
         counts[0] += drafted
         counts[1] += accepted
 

@@ -62,6 +62,12 @@ class AdaDecodeProposer(LayerSkipProposerBase):
             self.heads.path, self.heads.layers, self.options.threshold,
         )
 
+    @property
+    def continues_copies(self) -> bool:
+        # An exit head's draft writes no K/V above its exit layer, which the
+        # tokens after a continued copy would read (core/proposer.py).
+        return False
+
     def draft(self, runner, requests: DraftRequests) -> DraftResult:
         result = self.engine.draft(
             runner, requests, mask=None, confidence_threshold=self.options.draft_confidence_threshold,
