@@ -41,3 +41,50 @@ def test_per_request_rows_lengths_and_budgets():
                          np.array([4]))[0].tolist() == [0]
     assert lookup_drafts(token_ids, np.array([6, 3, 7]), np.array([0]), 3, 2,
                          np.array([0]))[0].tolist() == []  # no budget, no search
+
+
+def test_which_copies_run_out_before_the_room():
+    from vllm_layerskip.core.proposer import _copy_plan
+
+    # Room 4, lookup length 3: a 2-token copy runs out (a self-draft may go on
+    # after it); no copy, or a copy cut to a room of 2, does not.
+    copied = [t(1, 2), t(), t(1, 2, 3, 4), t(5, 6, 7)]
+    budget, runs_out = _copy_plan(copied, np.array([4, 4, 2, 4]), 3)
+    assert budget.tolist() == [3, 3, 2, 3]
+    assert runs_out.tolist() == [True, False, False, False]
+    # Lookup off this step: nothing is copied, so nothing runs out.
+    assert not _copy_plan(copied, np.array([4, 4, 2, 4]), 0)[1].any()
+
+
+def test_a_copied_draft_is_one_hot_over_whatever_the_row_held():
+    import torch
+
+    from vllm_layerskip.core.draft_engine import write_one_hot
+
+    probs = torch.full((2, 3, 10), 0.1)
+    write_one_hot(probs, 1, [4, 7])
+    assert probs[1, 0].tolist() == [0.0] * 4 + [1.0] + [0.0] * 5
+    assert probs[1, 1].argmax() == 7 and probs[1, 1].sum() == 1.0
+    assert probs[1, 2].sum() == 0.0  # after the copy: for a continuing self-draft
+    assert torch.all(probs[0] == 0.1)  # other rows untouched
+
+
+def test_an_early_exit_draft_refuses_to_continue_a_copy():
+    # AdaDecode's exit heads write no K/V above their exit layer, which the
+    # tokens after a copy would read: the engine refuses rather than draft wrong.
+    from types import SimpleNamespace
+
+    import pytest
+    import torch
+
+    from vllm_layerskip.core.draft_engine import DraftEngine, DraftRequests, EarlyExit
+    from vllm_layerskip.core.skip_mask import SkipMask
+
+    engine = DraftEngine(vllm_config=None, num_speculative_tokens=3)
+    engine.stack = SimpleNamespace(num_layers=4)
+    runner = SimpleNamespace(input_batch=SimpleNamespace(num_reqs=1))
+    requests = DraftRequests(rows=t(0), last_token=t(5), last_position=t(3), budget=t(3),
+                             temperature=np.zeros(1, dtype=np.float32), prefix=[t(7)])
+    early_exit = EarlyExit(layers=(2,), transforms=torch.zeros(1, 2, 2), threshold=0.5)
+    with pytest.raises(ValueError, match="early-exit drafts cannot continue a copied draft"):
+        engine.draft(runner, requests, SkipMask.whole_layers(4, ()), early_exit=early_exit)

@@ -75,9 +75,29 @@ class ScoreWindows:
 
     @property
     def positions(self) -> np.ndarray:  # [N]
-        return np.concatenate(
-            [np.arange(s, s + n, dtype=np.int64) for s, n in zip(self.starts, self.lengths)]
-        )
+        return query_positions(self.starts, self.lengths)
+
+
+def query_positions(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """[sum(lengths)] the positions of queries that start at `starts`, one
+    query after the other."""
+    return np.concatenate([np.arange(s, s + n, dtype=np.int64) for s, n in zip(starts, lengths)])
+
+
+def write_one_hot(probs: torch.Tensor, row: int, tokens) -> None:
+    """A copied draft's q at `row` ([K, vocab], zeroed first): all mass on each
+    copied token, so the rejection sampler accepts it with probability p(x), as
+    vLLM's own n-gram drafts; a self-draft continuing the copy writes after it."""
+    tokens = torch.as_tensor(np.asarray(tokens, dtype=np.int64))
+    probs[row].zero_()
+    probs[row, torch.arange(len(tokens)), tokens] = 1.0
+
+
+def empty_probs(runner, num_speculative_tokens: int) -> torch.Tensor:
+    """[num_reqs, K, vocab] zeros: the draft q of a step with sampled requests."""
+    vocab = runner.model_config.get_vocab_size()
+    return torch.zeros(runner.input_batch.num_reqs, num_speculative_tokens, vocab,
+                       dtype=torch.float32, device=runner.device)
 
 
 @dataclass
@@ -173,8 +193,7 @@ class DraftEngine:
         # Only when a sampled request may draft: with the cost model's k = 0 this
         # would zero num_reqs x K x vocab floats every step for nothing.
         if (sampled_rows & (requests.budget > 0)).any():
-            vocab = runner.model_config.get_vocab_size()
-            probs = torch.zeros(num_reqs, k, vocab, dtype=torch.float32, device=runner.device)
+            probs = empty_probs(runner, k)
 
         # Continuing a copied draft: its tokens open the request's draft (q one-hot
         # there, as for any copied draft) and the first pass feeds them all.
@@ -191,7 +210,7 @@ class DraftEngine:
                 drafts[row] = c.tolist()
                 top1s[row] = [1.0] * len(c)
                 if probs is not None and sampled_rows[idx]:
-                    probs[row, torch.arange(len(c)), torch.from_numpy(c)] = 1.0
+                    write_one_hot(probs, row, c)
         num_copied = np.array([len(c) for c in copied], dtype=np.int64)
 
         active = np.flatnonzero(requests.budget > num_copied)  # indices into `requests`
@@ -321,7 +340,7 @@ class DraftEngine:
         are one-token queries in the same pass."""
         device = runner.device
         query_lens = np.array([1 + len(c) for c in copied], dtype=np.int64)
-        positions = np.concatenate([np.arange(p, p + n) for p, n in zip(last_positions, query_lens)])
+        positions = query_positions(last_positions, query_lens)
         input_ids = np.concatenate([np.concatenate([[t], c]) for t, c in zip(last_tokens, copied)])
         attn_metadata, slot_mapping = self._attention_metadata(
             runner, rows, query_lens, positions, write_kv=True

@@ -10,10 +10,15 @@ import os
 import time
 
 import numpy as np
-import torch
 
 from vllm_layerskip.core.cost_model import DraftLengthPolicy
-from vllm_layerskip.core.draft_engine import DraftRequests, DraftResult, DraftEngine
+from vllm_layerskip.core.draft_engine import (
+    DraftEngine,
+    DraftRequests,
+    DraftResult,
+    empty_probs,
+    write_one_hot,
+)
 from vllm_layerskip.core.faults import maybe_fail
 from vllm_layerskip.core.identity import model_identity
 from vllm_layerskip.core.lookup import lookup_drafts
@@ -127,10 +132,12 @@ class LayerSkipProposerBase:
                 self._limit_to_probe_rows(requests, plan.rows, self_rows)
         # Requests drafting from their context need no model pass, unless they
         # continue their copy with a self-draft.
+        # (_plan_step worked out the copy plan too, but under tensor parallelism
+        # the lookup length is rank 0's: each rank applies the shared one.)
         copying = has_copy if lookup_length else np.zeros_like(has_copy)
-        copy_budget = np.minimum(room, lookup_length)
+        copy_budget, runs_out = _copy_plan(copied, room, lookup_length)
         requests.budget = np.where(copying, 0, requests.budget)
-        continuing = copying & _runs_out(copied, copy_budget, room) if continue_length else None
+        continuing = copying & runs_out if continue_length else None
         if continuing is not None and continuing.any():
             requests.prefix = [copied[i][: copy_budget[i]] if continuing[i] else copied[i][:0]
                                for i in range(len(copied))]
@@ -171,9 +178,8 @@ class LayerSkipProposerBase:
         )
         if not lookup_length or not self.continues_copies:
             return lookup_length, plan, 0
-        copy_budget = np.minimum(room, lookup_length)
+        copy_budget, runs_out = _copy_plan(copied, room, lookup_length)
         lengths = np.array([len(c[:b]) for c, b in zip(copied, copy_budget)], dtype=np.int64)
-        runs_out = has_copy & _runs_out(copied, copy_budget, room)
         num_self = min(plan.rows, int((~has_copy).sum())) if plan.length else 0
         return lookup_length, plan, self.policy.continuation_length(
             len(requests.rows), (plan.length, num_self), lengths[has_copy & ~runs_out],
@@ -213,8 +219,7 @@ class LayerSkipProposerBase:
     def _add_copies(self, runner, requests, result: DraftResult, copied, copying,
                     budget) -> set[int]:
         """Put the lookup drafts into the step's result (input-batch rows). A
-        copied token is a draft from a one-hot q: the rejection sampler accepts
-        it with probability p(x), as for vLLM's own n-gram drafts."""
+        copied token is a draft from a one-hot q (draft_engine.write_one_hot)."""
         rows = set()
         for i in np.flatnonzero(copying):
             tokens = copied[i][: budget[i]].tolist()
@@ -226,11 +231,8 @@ class LayerSkipProposerBase:
             rows.add(row)
             if requests.temperature[i] > 0:
                 if result.probs is None:
-                    vocab = runner.model_config.get_vocab_size()
-                    result.probs = torch.zeros(runner.input_batch.num_reqs, self.num_speculative_tokens,
-                                               vocab, dtype=torch.float32, device=runner.device)
-                result.probs[row].zero_()
-                result.probs[row, torch.arange(len(tokens)), torch.tensor(tokens)] = 1.0
+                    result.probs = empty_probs(runner, self.num_speculative_tokens)
+                write_one_hot(result.probs, row, tokens)
         return rows
 
     def _draft_or_nothing(self, runner, requests: DraftRequests) -> DraftResult:
@@ -349,10 +351,16 @@ class LayerSkipProposerBase:
         return status
 
 
-def _runs_out(copied: list[np.ndarray], budget: np.ndarray, room: np.ndarray) -> np.ndarray:
-    """[num_drafting] bool: the copied draft is shorter than its budget and its
-    request has room for more (its match reached the end of the context)."""
-    return np.array([0 < len(c) < min(b, r) for c, b, r in zip(copied, budget, room)], dtype=bool)
+def _copy_plan(copied: list[np.ndarray], room: np.ndarray,
+               lookup_length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per drafting request at this lookup length: the most copied tokens it
+    drafts, and whether its copied draft runs out (shorter than that budget
+    while the request has room for more: its match reached the end of the
+    context)."""
+    budget = np.minimum(room, lookup_length)
+    runs_out = np.array([0 < len(c) < min(b, r) for c, b, r in zip(copied, budget, room)],
+                        dtype=bool)
+    return budget, runs_out
 
 
 def _no_drafts(num_rows: int) -> DraftResult:
