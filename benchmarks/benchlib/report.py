@@ -191,6 +191,15 @@ def category_long_table(rows: list[dict], workload: str, names: list[str], cats:
     return "\n".join(out)
 
 
+def _swift_set(sw: dict) -> str:
+    """The set SWIFT drafted with at the end. Its best matchness alone does not
+    say it left its starting set: re-scoring the incumbent on newer text also
+    moves that figure (2026-11-25, Qwen: 0.62 -> 0.78 with the initial set)."""
+    if sw.get("best_set") == sw.get("initial_set"):
+        return f"set in use: still its initial set {sw.get('best_set')} (no better set found)"
+    return f"learned set {sw.get('best_set')} (switches: {sw.get('improvements')})"
+
+
 def learner_notes(final_stats: dict) -> list[str]:
     """What each learning method ended with (its status() at the end of the run)."""
     notes = []
@@ -203,7 +212,7 @@ def learner_notes(final_stats: dict) -> list[str]:
                 f"optimization steps, matchness {fmt(sw.get('initial_matchness'))} (initial set) -> "
                 f"{fmt(sw.get('best_matchness'))} (best), r={sw.get('skip_ratio')}, scoring "
                 f"{fmt(sw.get('score_seconds'), '.1f')} s on the engine thread, optimizer thread "
-                f"{fmt(sw.get('worker_seconds'), '.1f')} s; learned set {sw.get('best_set')}")
+                f"{fmt(sw.get('worker_seconds'), '.1f')} s; " + _swift_set(sw))
         sd = st.get("self_sd")
         if isinstance(sd, dict):
             notes.append(

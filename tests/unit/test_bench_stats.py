@@ -238,3 +238,20 @@ def test_reports_name_the_cpus_vector_isa(tmp_path, flags, isa):
     cpuinfo.write_text(f"processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: {flags}\n")
     assert cpu_vector_isa(str(cpuinfo)) == isa
     assert cpu_vector_isa(str(tmp_path / "missing")) == "unknown"
+
+
+def test_swift_note_says_whether_it_left_its_initial_set():
+    # A best matchness above the initial one does not mean a new set: the
+    # incumbent re-scored on newer text moves it too (a Qwen run reported
+    # 0.62 -> 0.78 while drafting with its initial set all along).
+    from benchlib.report import learner_notes
+
+    initial = {"skip_attn": [2, 4], "skip_mlp": [3]}
+    swift = {"phase": "optimizing", "optimization_steps": 2, "initial_matchness": 0.62,
+             "best_matchness": 0.78, "skip_ratio": 0.45, "initial_set": initial,
+             "best_set": initial, "improvements": 0}
+    (note,) = learner_notes({"swift": {"swift": swift}})
+    assert "still its initial set" in note and "learned set" not in note
+    learned = {"skip_attn": [2, 5], "skip_mlp": [3]}
+    (note,) = learner_notes({"swift": {"swift": {**swift, "best_set": learned, "improvements": 1}}})
+    assert f"learned set {learned} (switches: 1)" in note
