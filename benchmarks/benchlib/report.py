@@ -61,8 +61,12 @@ def machine_info(args, model: str) -> dict:
     import torch
     import vllm
 
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                if line.startswith("model name")), platform.processor())
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f
+                        if line.startswith("model name")), platform.processor())
+    except OSError:  # not Linux
+        cpu = platform.processor()
     return {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "command": " ".join([os.path.relpath(sys.executable), *sys.argv]),
