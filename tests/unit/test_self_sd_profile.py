@@ -88,3 +88,26 @@ def test_proxy_objective_prices_a_set_by_the_weights_it_keeps():
     old = [{"M": 2.0, "alpha": 0.5, "c": c} for c in (0.3, 0.5, 0.4)]
     _rescore("proxy", old)
     assert {h["c_used"] for h in old} == {0.4}
+
+
+def test_acceptance_objective_ranks_by_m_alone_and_needs_a_fixed_size():
+    from types import SimpleNamespace
+
+    from vllm_layerskip.methods.self_sd.search_tool import _rescore, run_search
+
+    # The cheapest set (fewest weights, lowest c) accepts least: acceptance ranks
+    # it last where proxy would rank it first; equal M falls back on alpha.
+    history = [
+        {"M": 2.40, "alpha": 0.47, "c": 0.55, "kept_weights": 700},
+        {"M": 2.90, "alpha": 0.63, "c": 0.80, "kept_weights": 1000},
+        {"M": 2.90, "alpha": 0.64, "c": 0.80, "kept_weights": 1000},
+    ]
+    _rescore("acceptance", history)
+    assert history[2]["value"] > history[1]["value"] > history[0]["value"]
+    _rescore("proxy", history)
+    assert history[0]["value"] > history[2]["value"]
+    # With a free size M alone would search back to the full model: refused
+    # before any engine is built.
+    args = SimpleNamespace(objective="acceptance", skip_ratio=None, model="unused")
+    with pytest.raises(LayerSkipConfigError, match="give --skip-ratio R instead of --free-size"):
+        run_search(args)

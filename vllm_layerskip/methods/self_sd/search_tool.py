@@ -10,6 +10,11 @@ fixed draft length and scores the set:
   E = M alpha / ((M-1) c + alpha) from the measured mean acceptance length M,
   acceptance rate alpha and draft-step cost c (draft step time / rest of a step,
   measured in the same run); timing noise only enters through c.
+- objective "acceptance": the mean acceptance length M alone (alpha breaks ties),
+  free of timing. At a fixed set size it finds the set that keeps the most of
+  the model's tokens, the measure the learned-set comparison uses; it does not
+  weigh an MLP's cost against an attention sub-layer's, so it is for comparing
+  sets of one size, not for choosing a size (refused with --free-size).
 
 The Gaussian process and the suggestions are core.set_search.BayesianSetOptimizer.
 The first candidates are the seed sets (`--init uniform`: the evenly spread set)
@@ -153,6 +158,11 @@ def _rescore(objective: str, history: list[dict]) -> None:
         for h in history:
             h["value"] = h["tokens_per_second"]
         return
+    if objective == "acceptance":
+        # alpha <= 1, so 1e-4 alpha only orders sets whose M is equal.
+        for h in history:
+            h["value"] = h["M"] + 1e-4 * h["alpha"]
+        return
     with_weights = all(h.get("kept_weights") for h in history)
     per_weight = float(np.median([h["c"] / h["kept_weights"] for h in history])) if with_weights else None
     median_c = float(np.median([h["c"] for h in history]))
@@ -169,6 +179,12 @@ def run_search(args) -> SkipProfile:
     from vllm_layerskip.core.identity import model_identity
 
     model = args.model  # the CLI fills in the default model
+    if args.objective == "acceptance" and args.skip_ratio is None:
+        # Skipping nothing accepts every token: with a free size, M alone would
+        # search its way back to the full model.
+        raise LayerSkipConfigError(
+            "--objective acceptance compares sets of one size and cannot choose a size: "
+            "give --skip-ratio R instead of --free-size, or use --objective proxy")
     prompts = load_prompts(args.prompts, args.num_prompts)
     settings = {
         "model": os.path.basename(str(model).rstrip("/")), "prompts": args.prompts,
@@ -329,9 +345,10 @@ def add_arguments(p) -> None:
     p.add_argument("--num-prompts", type=int, default=8, help="calibration prompts used (paper: 8)")
     p.add_argument("--max-tokens", type=int, default=48, help="new tokens per prompt")
     p.add_argument("--iterations", type=int, default=200, help="evaluations in all (paper: 1000)")
-    p.add_argument("--objective", choices=("speed", "proxy"), default="speed",
+    p.add_argument("--objective", choices=("speed", "proxy", "acceptance"), default="speed",
                    help="speed: measured tokens/s (the paper's); proxy: Eq. 6 expected "
-                        "speedup from measured M, alpha, c (less timing noise)")
+                        "speedup from measured M, alpha, c (less timing noise); acceptance: "
+                        "mean acceptance length M alone, no timing (fixed set size only)")
     p.add_argument("--skip-ratio", type=float, default=0.45,
                    help="search sets of round(r * 2(L-2)) sub-layers; --free-size: any size")
     p.add_argument("--free-size", dest="skip_ratio", action="store_const", const=None,
