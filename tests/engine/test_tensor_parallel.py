@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import Counter
 from contextlib import contextmanager
 
 import numpy as np
@@ -390,3 +391,44 @@ def test_method_under_tp2(method, tp_model, tp_env, plain_tp2, self_sd_profile,
         # (one under CI, more when idle); the thread-level test above checks
         # many switches.
         assert len(rank0["mask_log"]) >= 1, rank0["mask_log"]
+
+
+def test_pruned_head_under_tp2_drafts_what_the_full_head_drafts(tp_model, tp_env, plain_tp2,
+                                                                 tmp_path):
+    """Each rank scores the subset ids in its half of the LM head and an
+    all-gather puts the halves together in the subset's order. The subset here
+    is the vocabulary reversed (so every rank's ids land away from where its
+    slice sits) less 1000 ids that neither plain decoding nor the full head's
+    drafts use: an argmax over it must be the full head's argmax, so the drafts
+    must be the full head's, token for token, on both ranks."""
+    import torch
+
+    from vllm_layerskip.core.draft_vocab import DraftVocab, save_draft_vocab
+    from vllm_layerskip.core.identity import checkpoint_identity
+
+    config = {"method": "layer_skip", "num_speculative_tokens": K, "skip_attn": [2, 5],
+              "skip_mlp": [3, 6], "adaptive_draft_length": False, "prompt_lookup_max": 0}
+    full_tokens, (full0, _) = _with_timeout(_generate, tp_model, {**config, "draft_vocab_size": 0},
+                                            2, tp_env)
+    identity = checkpoint_identity(tp_model)
+    used = {t for out in plain_tp2 for t in out} | {
+        t for step in full0["drafts"] for draft in step for t in draft}
+    dropped = [t for t in range(100, identity.vocab_size) if t not in used][:1000]
+    reversed_ids = [t for t in range(identity.vocab_size - 1, -1, -1) if t not in set(dropped)]
+    size = len(reversed_ids)
+    path = tmp_path / "reversed.draft-vocab.safetensors"
+    save_draft_vocab(path, DraftVocab(model=identity, token_ids=torch.tensor(reversed_ids + dropped),
+                                      source={"size": size}))
+    tokens, (rank0, rank1) = _with_timeout(
+        _generate, tp_model, {**config, "draft_vocab": str(path), "draft_vocab_size": size}, 2, tp_env)
+    assert full_tokens == tokens == plain_tp2
+    assert sum(len(t) for step in rank0["drafts"] for t in step) > 0, "nothing was drafted"
+    assert rank1["drafts"] == rank0["drafts"]
+    # Which requests share a step depends on when each prefill finished, so the
+    # two runs are compared draft by draft, not step by step: with K fixed, a
+    # request's drafts depend only on its own tokens.
+    assert Counter(map(tuple, _all_drafts(rank0))) == Counter(map(tuple, _all_drafts(full0)))
+
+
+def _all_drafts(log):
+    return [draft for step in log["drafts"] for draft in step if draft]

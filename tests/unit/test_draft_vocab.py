@@ -130,3 +130,46 @@ def test_sliced_head_scores_exactly_the_chosen_rows():
     assert torch.equal(row[:, ids], q) and row.sum(-1).allclose(torch.ones(4))
     assert (row[:, [i for i in range(50) if i not in ids.tolist()]] == 0).all()
     assert pruned.num_columns(50) == 5 and full.num_columns(50) == 50
+
+
+def test_the_id_table_is_copied_to_a_device_once():
+    torch.manual_seed(0)
+    model = _Model()
+    stack = type("Stack", (), {"model": model, "logits": lambda self, h: model.compute_logits(h)})()
+    head = DraftHead(stack, torch.tensor([7, 3, 42, 0, 19], dtype=torch.int32))
+    assert head.token_ids.dtype == torch.int64 and head.token_ids.device.type == "cpu"
+    first = head._ids_on(torch.device("cpu"))
+    head.to_token_ids(torch.tensor([1, 0]))
+    head.scatter(torch.full((1, 5), 0.2), torch.zeros(1, 50))
+    assert head._ids_on(torch.device("cpu")) is first and list(head._ids_on_device) == [torch.device("cpu")]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI here has none)")
+def test_sliced_head_on_a_gpu_matches_the_cpu_and_keeps_its_ids_there():
+    """The draft head as a GPU engine runs it: weights, hidden states, sampled q
+    rows and SWIFT's scored columns on the device; drafted columns on the host."""
+    torch.manual_seed(0)
+    cpu_model, gpu_model = _Model(vocab=1000, hidden=64), _Model(vocab=1000, hidden=64)
+    gpu_model.load_state_dict(cpu_model.state_dict())
+    gpu_model = gpu_model.cuda()
+    ids = torch.randperm(1000)[:300]
+    heads = {}
+    for name, model in (("cpu", cpu_model), ("cuda", gpu_model)):
+        stack = type("Stack", (), {"model": model, "logits": lambda self, h, m=model: m.compute_logits(h)})()
+        heads[name] = DraftHead(stack, ids)
+    assert heads["cuda"]._slice.weight.is_cuda
+    hidden = torch.randn(6, 64)
+    logits_cpu, logits_gpu = heads["cpu"].logits(hidden), heads["cuda"].logits(hidden.cuda())
+    torch.testing.assert_close(logits_gpu.cpu(), logits_cpu, rtol=1e-4, atol=1e-4)
+    columns = logits_gpu.argmax(-1)
+    on_device = heads["cuda"].to_token_ids(columns)  # SWIFT's scoring: columns on the GPU
+    on_host = heads["cuda"].to_token_ids(columns.cpu())  # drafting: columns back on the host
+    assert on_device.is_cuda and not on_host.is_cuda
+    assert on_device.cpu().tolist() == on_host.tolist() == ids[columns.cpu()].tolist()
+    q = torch.softmax(logits_gpu, -1)
+    row = torch.full((6, 1000), 9.0, device="cuda")
+    heads["cuda"].scatter(q, row)
+    assert torch.equal(row[:, ids.cuda()], q) and row.sum(-1).allclose(torch.ones(6, device="cuda"))
+    table = heads["cuda"]._ids_on(torch.device("cuda", torch.cuda.current_device()))
+    heads["cuda"].scatter(q, row)
+    assert heads["cuda"]._ids_on(row.device) is table and table.is_cuda

@@ -36,7 +36,13 @@ class DraftHead:
 
     def __init__(self, stack: DecoderStack, token_ids: torch.Tensor | None = None):
         self.stack = stack
-        self.token_ids = None if token_ids is None else token_ids.to(torch.int64)
+        self.token_ids = None if token_ids is None else token_ids.to(torch.int64).cpu()
+        # The ids on each device they are used on, copied once: drafted columns
+        # come back to the host, sampled q rows and SWIFT's scoring stay on the
+        # model's device. A copy per call (65536 ids, pageable) took 42 us on an
+        # H200, half of the pruned head's own 87 us, for every sampled draft
+        # token (benchmarks/bench_draft_head_gpu.py).
+        self._ids_on_device: dict[torch.device, torch.Tensor] = {}
         self._slice: _HeadSlice | None = None
         if self.token_ids is not None:
             self._slice = _HeadSlice(stack.model, self.token_ids)
@@ -57,7 +63,7 @@ class DraftHead:
         """Vocabulary ids of logit columns (identity for the full head)."""
         if self.token_ids is None:
             return columns
-        return self.token_ids.to(columns.device)[columns]
+        return self._ids_on(columns.device)[columns]
 
     def scatter(self, q: torch.Tensor, out: torch.Tensor) -> None:
         """Write a distribution over the head's columns into a full-vocabulary row
@@ -66,7 +72,13 @@ class DraftHead:
             out.copy_(q)
         else:
             out.zero_()
-            out[..., self.token_ids.to(out.device)] = q
+            out[..., self._ids_on(out.device)] = q
+
+    def _ids_on(self, device: torch.device) -> torch.Tensor:
+        ids = self._ids_on_device.get(device)
+        if ids is None:
+            ids = self._ids_on_device[device] = self.token_ids.to(device)
+        return ids
 
 
 class _HeadSlice(nn.Module):
@@ -94,7 +106,8 @@ class _HeadSlice(nn.Module):
         self.weight = nn.Parameter(weight.detach()[rows].clone(), requires_grad=False)
         self.bias = None
         if self.tp_size > 1:
-            self._gather_order = _tensor_parallel_order(ids, lm_head, self.tp_size)
+            width, order = _tensor_parallel_order(ids, lm_head, self.tp_size)
+            self._gather_order = (width, order.to(weight.device))
         _use_fast_cpu_gemm(self)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -116,7 +129,7 @@ class _HeadSlice(nn.Module):
             pad = local.new_zeros(*local.shape[:-1], padded_width - local.shape[-1])
             local = torch.cat([local, pad], dim=-1)
         gathered = tensor_model_parallel_all_gather(local.contiguous(), dim=-1)
-        return gathered[..., order.to(gathered.device)]
+        return gathered[..., order]
 
 
 def _tensor_parallel_order(ids: np.ndarray, lm_head, tp_size: int) -> tuple[int, torch.Tensor]:
@@ -139,10 +152,9 @@ def _tensor_parallel_order(ids: np.ndarray, lm_head, tp_size: int) -> tuple[int,
 def _use_fast_cpu_gemm(layer: nn.Module) -> None:
     """On CPU, vLLM's linear layers run through oneDNN (or its own small-GEMM
     kernel) with pre-packed weights; torch's matmul on the same weight is
-    slower per token. Give the slice the same dispatch."""
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
+    slower per token. Give the slice the same dispatch. The weight's device
+    decides (not the platform), so a head on a GPU never imports vLLM's CPU path."""
+    if layer.weight.device.type != "cpu":
         return
     try:
         from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
