@@ -1,0 +1,95 @@
+"""SWIFT's optimizer run to the end before a benchmark: the set it learns at a
+fixed size, written to a state file, to compare with the evenly spread set it
+starts from.
+
+While serving, `swift` scores one candidate set per decoding step within
+`max_optimizer_share` (1% by default), so on a slow CPU a benchmark run of a few
+hundred tokens ends before it has scored many (2 candidates in 384 tokens on
+Qwen2.5-Coder-1.5B, 2026-11-25). This script gives the optimizer every step
+(share 1, as in the paper) on the project's own prompts, not Spec-Bench's, with
+the set size fixed (no lowering of r on low acceptance) and no prompt lookup, and
+stops when the optimizer does (patience, or the step limit) or the prompts run
+out. It prints the learned set as `--layer-skip-sets` JSON and leaves the state
+file, which `swift` loads with `"state_file"`:
+
+    .venv/bin/python benchmarks/learn_swift_set.py --model ~/.cache/vllm_layerskip/Qwen2.5-Coder-1.5B-Instruct \\
+        --dtype bfloat16 --out benchmarks/results/swift-qwen.state.json
+    .venv/bin/python benchmarks/bench_methods.py --model ... --k 3 --draft-length fixed --prompt-lookup off \\
+        --methods plain layer_skip swift_initial --layer-skip-sets '<the JSON it printed>'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="default: SmolLM2-135M-Instruct, converted")
+    parser.add_argument("--out", required=True, help="the SWIFT state file to write (JSON)")
+    parser.add_argument("--skip-ratio", type=float, default=0.45, help="swift's r (its default)")
+    parser.add_argument("--k", type=int, default=3, help="draft length, fixed")
+    parser.add_argument("--batch", type=int, default=4,
+                        help="requests generated together: a scoring pass covers the "
+                             "recent tokens of all of them")
+    parser.add_argument("--rounds", type=int, default=6, help="most batches of prompts")
+    parser.add_argument("--max-tokens", type=int, default=96, help="new tokens per prompt")
+    parser.add_argument("--patience", type=int, default=150,
+                        help="candidates without a better set before the optimizer stops")
+    parser.add_argument("--max-steps", type=int, default=400, help="most candidates scored")
+    parser.add_argument("--max-score-tokens", type=int, default=64,
+                        help="tokens one scoring pass covers (cost of a candidate)")
+    parser.add_argument("--dtype", default="bfloat16")
+    args = parser.parse_args()
+
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # proposer_stats
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; a CPU engine needs a size
+    from vllm import LLM, SamplingParams
+
+    from vllm_layerskip.core.measure import chat_prompts, interleave_categories, proposer_stats, shutdown
+    from vllm_layerskip.tools.prepare_model import ensure_default_model
+    from vllm_layerskip.tools.prompts import owned_prompts
+
+    if os.path.exists(args.out):
+        sys.exit(f"{args.out} exists: swift would start from it. Remove it or choose another --out.")
+    spec = {"method": "swift", "num_speculative_tokens": args.k, "skip_ratio": args.skip_ratio,
+            "adaptive_draft_length": False, "prompt_lookup_max": 0, "state_file": args.out,
+            "max_optimizer_share": 1.0, "optimize_interval": 1, "target_matchness": 1.0,
+            "patience": args.patience, "max_optimization_steps": args.max_steps,
+            "acceptance_tolerance": 0.0, "reoptimize_below": 0.0,
+            "max_score_tokens": args.max_score_tokens}
+    llm = LLM(model=args.model or ensure_default_model(), speculative_config=spec, dtype=args.dtype,
+              enforce_eager=True, max_model_len=2048, disable_log_stats=False, seed=0)
+    prompts = chat_prompts(llm, interleave_categories(owned_prompts()))
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    start = time.perf_counter()
+    try:
+        for round_ in range(args.rounds):
+            batch = prompts[round_ * args.batch:(round_ + 1) * args.batch]
+            if not batch:
+                break
+            llm.generate(batch, params, use_tqdm=False)
+            s = proposer_stats(llm)["swift"]
+            print(f"round {round_ + 1}: {s['optimization_steps']} candidates scored, phase "
+                  f"{s['phase']}, matchness best {s['best_matchness']:.3f} (initial set "
+                  f"{s['initial_matchness'] or 0:.3f}), {s['improvements']} improvements, "
+                  f"{time.perf_counter() - start:.0f} s", flush=True)
+            if s["phase"] == "accelerating":  # the optimizer stopped
+                break
+    finally:
+        s = proposer_stats(llm)["swift"]
+        shutdown(llm)
+    print(f"stopped: {s['stop_reason'] or 'prompts used up'}; state file {args.out}")
+    print("initial set:", json.dumps(s["initial_set"]))
+    print("learned set:", json.dumps(s["best_set"]))
+
+
+if __name__ == "__main__":
+    main()
