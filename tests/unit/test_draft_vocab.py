@@ -114,10 +114,15 @@ class _Model(nn.Module):
         return self.lm_head(hidden)
 
 
+def _stack(model: _Model):
+    """What DraftHead reads of the decoder stack: the model and its full logits."""
+    return type("Stack", (), {"model": model, "logits": lambda self, h: model.compute_logits(h)})()
+
+
 def test_sliced_head_scores_exactly_the_chosen_rows():
     torch.manual_seed(0)
     model = _Model()
-    stack = type("Stack", (), {"model": model, "logits": lambda self, h: model.compute_logits(h)})()
+    stack = _stack(model)
     ids = torch.tensor([7, 3, 42, 0, 19])
     hidden = torch.randn(4, 16)
     full, pruned = DraftHead(stack), DraftHead(stack, ids)
@@ -135,7 +140,7 @@ def test_sliced_head_scores_exactly_the_chosen_rows():
 def test_the_id_table_is_copied_to_a_device_once():
     torch.manual_seed(0)
     model = _Model()
-    stack = type("Stack", (), {"model": model, "logits": lambda self, h: model.compute_logits(h)})()
+    stack = _stack(model)
     head = DraftHead(stack, torch.tensor([7, 3, 42, 0, 19], dtype=torch.int32))
     assert head.token_ids.dtype == torch.int64 and head.token_ids.device.type == "cpu"
     first = head._ids_on(torch.device("cpu"))
@@ -153,10 +158,7 @@ def test_sliced_head_on_a_gpu_matches_the_cpu_and_keeps_its_ids_there():
     gpu_model.load_state_dict(cpu_model.state_dict())
     gpu_model = gpu_model.cuda()
     ids = torch.randperm(1000)[:300]
-    heads = {}
-    for name, model in (("cpu", cpu_model), ("cuda", gpu_model)):
-        stack = type("Stack", (), {"model": model, "logits": lambda self, h, m=model: m.compute_logits(h)})()
-        heads[name] = DraftHead(stack, ids)
+    heads = {"cpu": DraftHead(_stack(cpu_model), ids), "cuda": DraftHead(_stack(gpu_model), ids)}
     assert heads["cuda"]._slice.weight.is_cuda
     hidden = torch.randn(6, 64)
     logits_cpu, logits_gpu = heads["cpu"].logits(hidden), heads["cuda"].logits(hidden.cuda())
