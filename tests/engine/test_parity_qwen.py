@@ -2,10 +2,11 @@
 of plain vLLM on Qwen2.5-Coder-1.5B-Instruct, the model the speed figures are
 about (benchmarks/RESULTS.md): a few prompts, short outputs, every step drafting.
 
-The engines run one at a time in their own processes: a float32 engine of this
-model holds ~7 GB of weights, and a process that exits gives its memory back
-for sure (two at once, next to the rest of the suite, would crowd this 24 GB
-machine). About 3-4 minutes here, most of it three engine start-ups."""
+The engines run one at a time, in this process like most test engines: a
+float32 engine of this model holds ~7 GB of weights, and `shutdown` gives them
+back before the next one starts (two at once, next to the rest of the suite,
+would crowd this 24 GB machine). About 3-4 minutes here, most of it three
+engine start-ups."""
 
 import pytest
 from conftest import make_llm, owned_questions
@@ -29,7 +30,7 @@ def qwen_path() -> str:
 
 
 def generate(model: str, spec: dict | None):
-    llm = make_llm(model, spec, max_model_len=MAX_MODEL_LEN)
+    llm = make_llm(model, spec, in_process=True, max_model_len=MAX_MODEL_LEN)
     try:
         # code, prose and a copying task: drafts of both sources get verified
         prompts = chat_prompts(llm, owned_questions(3))

@@ -21,8 +21,9 @@ SHORT_TOKENS = 40
 def workload(llm):
     questions = owned_questions(7)
     prompts = chat_prompts(llm, questions)
-    # A long prompt (~400 tokens) whose generation must stop at max_model_len.
-    story = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog." for i in range(26))
+    # A long prompt (461 tokens) whose generation must stop at max_model_len,
+    # 51 tokens on: the other requests have finished by then (40 tokens).
+    story = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog." for i in range(29))
     prompts.append(chat_prompts(llm, [f"Continue this text forever.\n{story}"])[0])
     params = [SamplingParams(temperature=0, max_tokens=SHORT_TOKENS)] * 7
     params.append(SamplingParams(temperature=0, max_tokens=MAX_MODEL_LEN))
