@@ -4,17 +4,18 @@ Sampled draft tokens must be drawn from exactly the q handed to vLLM's
 rejection sampler, or the output distribution is no longer the target's. A
 seeded request must draw from its own generator, one row at a time. The
 exponential race (argmax q / E, E ~ Exp(1), vLLM's own sampler) spends one
-random number per vocabulary entry: per row and draft token 1.2 ms at 49,152
-ids, 1.6 ms at 65,536 and 4.0 ms at 151,936 on the 2-core AVX2 CPU (fp32), and
-at temperature 1 it took 41 s of an 86 s test (1500 seeded requests, K = 3).
+random number per vocabulary entry and row: per draft token at 8 requests,
+12.8 ms at 49,152 ids, 13.3 ms at 65,536 and 39.2 ms at 151,936 on the 2-core
+AVX2 CPU (benchmarks/bench_draft_sampling.py); at temperature 1 it took 41 s
+of an 86 s test under cProfile (1500 seeded requests, K = 3).
 
 Here each row spends two uniforms instead, on an inverse CDF in two levels:
 the first picks a block of BLOCK ids by the blocks' masses, the second an id
 inside that block by its cumulative sum. Sums are float64, so rounding cannot
 move mass between ids that float32's cumulative sum over 150k ids would; a
 target strictly below each level's total never lands on an id of zero mass
-(ids outside a pruned vocabulary, the padding). 0.09 ms a row at 49,152 ids,
-0.37 ms at 151,936 (batches of 8, same CPU).
+(ids outside a pruned vocabulary, the padding). At 8 requests 0.48, 0.55 and
+2.27 ms (17-26x less); at one request 0.21-0.34 ms against 1.3-3.8 ms.
 """
 
 from __future__ import annotations

@@ -502,8 +502,8 @@ class DraftEngine:
             return argmax.cpu().numpy(), top1.cpu().numpy(), None
         temp = torch.from_numpy(np.where(temperature > 0, temperature, 1.0)).to(logits.device)
         q = torch.softmax(logits / temp.unsqueeze(1), dim=-1)
-        # Two uniforms a row, not one per vocabulary entry (categorical.py:
-        # 13x less time a row at 49k ids; 41 s of a T = 1 test went there).
+        # Two uniforms a row, not one per vocabulary entry (categorical.py: at
+        # 8 requests and 65,536 ids 0.55 ms a draft token instead of 13.3 ms).
         drawn = categorical.draw(q, categorical.uniforms(rows, runner.input_batch.generators,
                                                          q.device))
         is_sampled = torch.from_numpy(temperature > 0).to(logits.device)
