@@ -70,11 +70,11 @@ def make_llm(model: str, speculative_config: dict | None = None, *, in_process: 
     the same model runner and plugin code. benchmarks/bench_engine_startup.py
     here (SmolLM2, 2 cores): start 3.5-5 s instead of 31-38 s and stop 2 s
     instead of 6 s, since vLLM's default spawns two processes that each import
-    vLLM and torch anew; the same outputs and draft counts. Tensor-parallel engines run their engine
-    core here too (their workers are processes either way): 32-39 s an engine
-    against 50-65 s. Tests of process-level behaviour (the server, aborts) and
-    of how much a background thread gets done next to the engine keep the
-    default."""
+    vLLM and torch anew; the same outputs and draft counts. Tensor-parallel
+    engines run their engine core here too (their workers are processes either
+    way): 32-39 s an engine against 50-65 s. Tests of process-level behaviour
+    (the server, aborts) and of how much a background thread gets done next to
+    the engine keep the default."""
     import vllm.envs as envs
     from vllm import LLM
 

@@ -5,8 +5,8 @@ about (benchmarks/RESULTS.md): a few prompts, short outputs, every step drafting
 The engines run one at a time, in this process like most test engines: a
 float32 engine of this model holds ~7 GB of weights, and `shutdown` gives them
 back before the next one starts (two at once, next to the rest of the suite,
-would crowd this 24 GB machine). About 3-4 minutes here, most of it three
-engine start-ups."""
+would crowd this 24 GB machine). About 2.5 minutes here (155 s in CI on
+2026-11-26), most of it three engine start-ups."""
 
 import pytest
 from conftest import make_llm, owned_questions

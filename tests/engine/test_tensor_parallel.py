@@ -226,9 +226,6 @@ PROMPTS = [
 MAX_TOKENS = 40
 K = 3
 TIMEOUT_S = 240  # one engine's start-up and generation; a hang fails instead of blocking
-# The engine core in this process, the two ranks' workers in their own: ~20 s
-# less an engine than vLLM's default layout (one process fewer to start).
-IN_PROCESS = True
 
 METHODS = {
     # The cost model stays on here: its draft length comes from rank-local
@@ -292,9 +289,10 @@ def _generate(model, speculative_config=None, tp=2, env=None):
     from vllm_layerskip.core.measure import shutdown
 
     with environment(**(env or {})):
+        # The engine core in this process, the two ranks' workers in their own:
+        # ~20 s less an engine than vLLM's default layout (one process fewer).
         llm = make_llm(model, speculative_config=speculative_config, tensor_parallel_size=tp,
-                       in_process=IN_PROCESS,
-                       max_model_len=512)
+                       in_process=True, max_model_len=512)
     try:
         if speculative_config:
             llm.collective_rpc(_install_draft_log)

@@ -46,7 +46,8 @@ def draw(q: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     uniforms u [B, 2] in [0, 1): P(id i) = q[i] up to float64 rounding."""
     batch, vocab = q.shape
     pad = (-vocab) % BLOCK
-    blocks = torch.nn.functional.pad(q, (0, pad)).view(batch, -1, BLOCK)
+    # pad copies q: only when the vocabulary is not a whole number of blocks.
+    blocks = (torch.nn.functional.pad(q, (0, pad)) if pad else q).reshape(batch, -1, BLOCK)
     block_cdf = blocks.sum(-1, dtype=torch.float64).cumsum(-1)  # [B, V / BLOCK]
     block = _search(block_cdf, u[:, 0])
     inner_cdf = blocks[torch.arange(batch, device=q.device), block].to(torch.float64).cumsum(-1)
