@@ -40,6 +40,12 @@ def prompt_groups(specs: list[str]) -> dict[str, list[str]]:
     groups = {}
     for spec in specs:
         name, *rest = spec.split(":")
+        owned_slice = name != "spec_bench" and len(rest) == 2 and all(r.isdigit() for r in rest)
+        bench = name == "spec_bench" and (not rest or rest[0].isdigit())
+        if not (owned_slice or bench):
+            raise SystemExit(
+                f"--groups {spec!r}: expected NAME:START:END (a slice of the project's "
+                f"prompts, e.g. held_out:24:48) or spec_bench:N[:CAT,CAT] (e.g. spec_bench:5:coding,qa)")
         if name == "spec_bench":
             # spec_bench:N[:cat,cat]: the first N questions of each category, as
             # bench_methods.py picks them (question-major).

@@ -255,3 +255,11 @@ def test_swift_note_says_whether_it_left_its_initial_set():
     learned = {"skip_attn": [2, 5], "skip_mlp": [3]}
     (note,) = learner_notes({"swift": {"swift": {**swift, "best_set": learned, "improvements": 1}}})
     assert f"learned set {learned} (switches: 1)" in note
+
+
+@pytest.mark.parametrize("spec", ["held_out", "held_out:24", "held_out:a:b", "spec_bench:x"])
+def test_set_acceptance_refuses_a_malformed_prompt_group(spec):
+    from set_acceptance import prompt_groups
+
+    with pytest.raises(SystemExit, match="expected NAME:START:END"):
+        prompt_groups([spec])
