@@ -46,6 +46,9 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=400, help="most candidates scored")
     parser.add_argument("--max-score-tokens", type=int, default=64,
                         help="tokens one scoring pass covers (cost of a candidate)")
+    parser.add_argument("--confirm-duels", type=int, default=2,
+                        help="fresh windows a challenger must also win before it replaces "
+                             "the best set (swift's default; 0: the paper's single duel)")
     parser.add_argument("--dtype", default="bfloat16")
     args = parser.parse_args()
 
@@ -64,7 +67,7 @@ def main() -> None:
             "max_optimizer_share": 1.0, "optimize_interval": 1, "target_matchness": 1.0,
             "patience": args.patience, "max_optimization_steps": args.max_steps,
             "acceptance_tolerance": 0.0, "reoptimize_below": 0.0,
-            "max_score_tokens": args.max_score_tokens}
+            "max_score_tokens": args.max_score_tokens, "confirm_duels": args.confirm_duels}
     llm = LLM(model=args.model or ensure_default_model(), speculative_config=spec, dtype=args.dtype,
               enforce_eager=True, max_model_len=2048, disable_log_stats=False, seed=0)
     prompts = chat_prompts(llm, interleave_categories(owned_prompts()))
@@ -79,7 +82,8 @@ def main() -> None:
             s = proposer_stats(llm)["swift"]
             print(f"round {round_ + 1}: {s['optimization_steps']} candidates scored, phase "
                   f"{s['phase']}, matchness best {s['best_matchness']:.3f} (initial set "
-                  f"{s['initial_matchness'] or 0:.3f}), {s['improvements']} improvements, "
+                  f"{s['initial_matchness'] or 0:.3f}), {s['improvements']} improvements ({s['challengers']} challengers, "
+                  f"{s['challengers_rejected']} turned down on fresh windows), "
                   f"{time.perf_counter() - start:.0f} s", flush=True)
             if s["phase"] == "accelerating":  # the optimizer stopped
                 break

@@ -68,10 +68,13 @@ CONFIGS = {
     "K4-adaptive": {"num_speculative_tokens": 4, "skip_ratio": 0.2},
     # SWIFT with its optimizer busy the whole run: a short context window, a
     # Bayesian suggestion every 3rd candidate, no early stop. The draft mask
-    # changes between steps while requests are in flight.
+    # changes between steps while requests are in flight. In the three swift
+    # configs a set that wins one duel switches at once (confirm_duels 0): with
+    # the default's two confirming duels, runs this short made no switch at all
+    # (one challenger, turned down). The default is run in test_swift.py.
     "swift-K4-optimizing": {"method": "swift", "num_speculative_tokens": 4, "context_window": 8,
                             "bo_interval": 3, "patience": 10000, "max_optimization_steps": 10000,
-                            "max_optimizer_share": 1.0, **FIXED},
+                            "max_optimizer_share": 1.0, "confirm_duels": 0, **FIXED},
     # Self-SD with the shipped profile and its adaptive draft-exiting threshold.
     "self_sd-K8-shipped": {"method": "self_sd", "profile": "shipped", "num_speculative_tokens": 8,
                            **FIXED},
@@ -85,14 +88,14 @@ CONFIGS = {
                                  "num_speculative_tokens": 4, "draft_vocab_size": 4096, **FIXED},
     "swift-K4-draft-vocab-lookup-adaptive": {
         "method": "swift", "num_speculative_tokens": 4, "context_window": 8,
-        "max_optimizer_share": 0.5, "draft_vocab_size": 4096, "prompt_lookup_max": 3,
+        "max_optimizer_share": 0.5, "confirm_duels": 0, "draft_vocab_size": 4096, "prompt_lookup_max": 3,
         "prompt_lookup_min": 2},
     # SWIFT with the cost model on; a much larger optimizer share than the
     # default (0.01), so that masks surely switch within this short run: at 0.1
     # only 10-12 random candidates were scored and 1 run in 3 found none better
     # than the initial set.
     "swift-K6-adaptive": {"method": "swift", "num_speculative_tokens": 6, "context_window": 8,
-                          "patience": 10000, "max_optimizer_share": 0.5},
+                          "patience": 10000, "max_optimizer_share": 0.5, "confirm_duels": 0},
 }
 
 

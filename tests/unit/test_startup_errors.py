@@ -81,6 +81,8 @@ def test_good_config_maps_to_our_proposer_and_reserves_lookahead(smollm2_path):
          "'context_window' must be a positive integer (tokens), got 0"),
         ({"method": "swift", "num_speculative_tokens": 4, "bo_interval": 2.5},
          "'bo_interval' must be a positive integer (optimization steps), got 2.5"),
+        ({"method": "swift", "num_speculative_tokens": 4, "confirm_duels": -1},
+         "'confirm_duels' must be an integer >= 0 (duels), got -1"),
         ({"method": "swift", "num_speculative_tokens": 4, "target_matchness": 1.5},
          "'target_matchness' must be in [0, 1], got 1.5"),
         ({"method": "swift", "num_speculative_tokens": 4, "skip_ratio": 0.005},

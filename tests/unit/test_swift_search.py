@@ -28,6 +28,7 @@ class FakeRunner:
     def __init__(self):
         self.input_batch = type("Batch", (), {})()
         self.input_batch.num_prompt_tokens = np.array([PROMPT_LEN])
+        self.input_batch.req_ids = ["r0"]
         self.input_batch.token_ids_cpu = np.arange(1000, dtype=np.int64)[None, :] % 97
         self.position = PROMPT_LEN - 1  # the first step samples position PROMPT_LEN
 
@@ -66,7 +67,9 @@ def drive(search, engine, runner, steps):
         search.step(runner, engine, runner.requests())
         deadline = time.monotonic() + 10
         # Let the optimizer thread catch up, so tests are deterministic.
+        # (No candidate is asked for while a challenger waits for confirmation.)
         while (search.phase == "optimizing" and search.worker.error is None
+               and search.challenger is None
                and not search.worker.has_result and time.monotonic() < deadline):
             time.sleep(0.0005)
 
@@ -95,6 +98,66 @@ def test_accumulates_context_then_optimizes_and_reaches_target():
     calls = engine.calls
     drive(search, engine, runner, 20)
     assert engine.calls == calls
+
+
+class LoggingEngine(FakeEngine):
+    """FakeEngine that records (mask, first position, length) of every pass,
+    and, with `lucky_until`, scores every set but the starting one 0.75 on
+    windows that start before that position and 0.25 after: a set that wins
+    its first duel by the text it met, not by being better."""
+
+    def __init__(self, lucky_until=None, starting=None, **kw):
+        super().__init__(**kw)
+        self.lucky_until, self.starting, self.log = lucky_until, starting, []
+
+    def score(self, runner, windows, mask):
+        self.log.append((mask, int(windows.starts[0]), int(windows.lengths[0])))
+        if self.lucky_until is None:
+            return super().score(runner, windows, mask)
+        self.calls += 1
+        m = 0.5 if mask == self.starting else 0.75 if windows.starts[0] < self.lucky_until else 0.25
+        return np.arange(windows.num_tokens) < round(m * windows.num_tokens)
+
+
+@pytest.mark.parametrize("confirm_duels", [0, 2])
+def test_a_set_that_wins_one_window_by_luck_is_not_kept(confirm_duels):
+    search = SwiftSearch(options(patience=10, confirm_duels=confirm_duels), NUM_LAYERS, IDENTITY)
+    starting = search.mask
+    # The first candidate duels on the window that starts at position 9.
+    engine = LoggingEngine(lucky_until=12, starting=starting)
+    drive(search, engine, FakeRunner(), 60)
+    s = search.summary()
+    if confirm_duels == 0:  # the paper's rule keeps it
+        assert s["improvements"] == 1 and search.mask != starting
+        return
+    assert s["improvements"] == 0 and search.mask == starting, s
+    assert s["challengers"] == 1 and s["challengers_rejected"] == 1
+    assert search.phase == "accelerating" and search.best_matchness == 0.5
+    # Its confirming duel scored none of the positions of its first one.
+    (first, start, length), *rest = [e for e in engine.log if e[0] != starting]
+    assert rest[0][1] >= start + length
+
+
+def test_a_better_set_is_kept_after_winning_fresh_windows():
+    space = SubLayerSpace(NUM_LAYERS)
+    harmless = space.random(np.random.default_rng(7), 6)
+    search = SwiftSearch(options(target_matchness=0.8, patience=400), NUM_LAYERS, IDENTITY)
+    engine, runner = LoggingEngine(harmless=harmless), FakeRunner()
+    drive(search, engine, runner, 400)
+    assert search.phase == "accelerating", search.summary()
+    assert search.improvements >= 1 and len(search.mask_log) == search.improvements
+    step, coords = search.mask_log[0]
+    # Its first duels (later ones: as the incumbent), in order, none overlapping.
+    duels = [(start, length) for mask, start, length in engine.log if mask == space.mask(coords)]
+    duels = duels[: 1 + search.options.confirm_duels]
+    for (a, n), (b, _) in zip(duels, duels[1:]):
+        assert b >= a + n, duels
+    # It drafted from the step after its last duel on: that window's last
+    # target was the token of position start + length, sampled at that step.
+    last_start, last_length = duels[-1]
+    assert step == last_start + last_length - (PROMPT_LEN - 1), (step, duels)
+    # Its recorded matchness is its mean over the duels: here one value.
+    assert search.best_matchness > 0.8
 
 
 def test_patience_and_step_limit_end_optimization():

@@ -36,6 +36,23 @@ class _Candidate:
     source: str  # "bayes" | "random"
 
 
+@dataclass
+class _Challenger:
+    """A candidate that beat the best set in one duel and must beat it again
+    on `confirm_duels` later windows before it replaces it."""
+
+    coords: Coords
+    scores: list[float]  # its matchness in each duel it won
+    # request id -> first position no duel of this challenger has scored yet
+    fresh_from: dict[str, int]
+
+    def mark_scored(self, runner, windows: ScoreWindows) -> None:
+        req_ids = runner.input_batch.req_ids
+        for row, start, length in zip(windows.rows, windows.starts, windows.lengths):
+            req_id = req_ids[int(row)]
+            self.fresh_from[req_id] = max(self.fresh_from.get(req_id, 0), int(start + length))
+
+
 class SwiftSearch:
     """The engine-wide skip-set optimizer (phases in the module docstring)."""
 
@@ -63,6 +80,9 @@ class SwiftSearch:
         self.total_opt_steps = 0
         self.since_improvement = 0
         self.improvements = 0
+        self.challenger: _Challenger | None = None
+        self.challengers = 0  # candidates that won a first duel
+        self.challengers_rejected = 0  # ... and then lost a confirming one
         self.ratio_changes = 0
         self.reoptimizations = 0
         self.score_passes = 0
@@ -115,7 +135,9 @@ class SwiftSearch:
             return
         if self.decode_steps % self.options.optimize_interval:
             return
-        picked = self._pick_windows(runner, requests)
+        # A challenger is re-scored only on positions none of its duels scored.
+        fresh_from = self.challenger.fresh_from if self.challenger else None
+        picked = self._pick_windows(runner, requests, fresh_from)
         needed = min(self.options.context_window, self.options.max_score_tokens)
         if sum(length for _, _, length in picked) < needed:
             return
@@ -132,16 +154,34 @@ class SwiftSearch:
             return
         if decision[0] == "wait":  # still being computed: decoding does not wait
             return
+        if decision[0] == "confirm":
+            self._guarded_pass(
+                runner, self._windows(runner, picked),
+                lambda r, w: self._confirm_challenger(r, engine, w),
+            )
+            if self.challenger is None and self.phase == "optimizing":
+                self._request_candidate()
+            return
         candidate = decision[1]
         if len(candidate.coords) != self.count:  # asked for before r was lowered
             self._request_candidate()
             return
         # Built only now: most steps are over budget or waiting for the thread.
         windows = self._windows(runner, picked)
+        if not self._guarded_pass(
+            runner, windows, lambda r, w: self._score_candidate(r, engine, w, candidate)
+        ):
+            return
+        if self.challenger is None:  # else the next candidate waits for its verdict
+            self._request_candidate()
+
+    def _guarded_pass(self, runner, windows: ScoreWindows, scoring) -> bool:
+        """Runs one scoring step; False if it failed so often that optimizing stopped."""
         try:
-            self._score_candidate(runner, engine, windows, candidate)
+            scoring(runner, windows)
         except Exception as e:  # noqa: BLE001 - any failure must not stop serving
             self.score_failures += 1
+            self.challenger = None
             logger.exception(
                 "vllm-layerskip swift: scoring pass failed (%d/%d) on %d tokens; "
                 "drafting continues with the best set %s",
@@ -150,8 +190,8 @@ class SwiftSearch:
             )
             if self.score_failures >= MAX_SCORE_FAILURES:
                 self._stop("scoring failed", error=repr(e))
-                return
-        self._request_candidate()
+                return False
+        return True
 
     def _decide(self) -> tuple:
         """Rank 0's rank-local decision for a due optimization step."""
@@ -159,6 +199,8 @@ class SwiftSearch:
             return ("failed", self.worker.error)
         if not self.budget.allows():
             return ("over budget",)
+        if self.challenger is not None:
+            return ("confirm",)
         outcome = self.worker.take()
         return ("wait",) if outcome is None else ("score", outcome.value)
 
@@ -173,20 +215,57 @@ class SwiftSearch:
         start = time.perf_counter()
         score = self._matchness(runner, engine, windows, candidate.coords)
         observed = [(candidate.coords, score)]
-        improved = False
+        improved = None  # None: undecided, a challenger waits for confirmation
         if score > self.best_matchness and candidate.coords != self.best:
             incumbent = self._matchness(runner, engine, windows, self.best)
             observed.append((self.best, incumbent))
-            if score > incumbent:
+            if score <= incumbent:
+                self.best_matchness = incumbent
+                improved = False
+            elif self.options.confirm_duels == 0:
                 self._set_best(candidate.coords, score)
                 improved = True
             else:
-                self.best_matchness = incumbent
-        elif candidate.coords == self.best:
-            self.best_matchness = score
+                self.challenger = _Challenger(candidate.coords, [score], {})
+                self.challenger.mark_scored(runner, windows)
+                self.challengers += 1
+        else:
+            if candidate.coords == self.best:
+                self.best_matchness = score
+            improved = False
+        self._record(windows, observed, time.perf_counter() - start)
+        self.opt_steps += 1
+        self.total_opt_steps += 1
+        if improved is not None:
+            self._after_verdict(improved)
+
+    def _confirm_challenger(self, runner, engine, windows: ScoreWindows) -> None:
+        """Another duel of the challenger with the best set, on fresh positions."""
+        maybe_fail("swift.score")
+        start = time.perf_counter()
+        challenger = self.challenger
+        score = self._matchness(runner, engine, windows, challenger.coords)
+        incumbent = self._matchness(runner, engine, windows, self.best)
+        challenger.mark_scored(runner, windows)
+        self._record(windows, [(challenger.coords, score), (self.best, incumbent)],
+                     time.perf_counter() - start)
+        if score <= incumbent:
+            self.challenger = None
+            self.challengers_rejected += 1
+            self.best_matchness = incumbent
+            self._after_verdict(improved=False)
+            return
+        challenger.scores.append(score)
+        if len(challenger.scores) > self.options.confirm_duels:
+            self.challenger = None
+            self._set_best(challenger.coords, float(np.mean(challenger.scores)))
+            self._after_verdict(improved=True)
+
+    def _record(self, windows: ScoreWindows, observed: list[tuple[Coords, float]], elapsed: float) -> None:
+        """Counts and charges a step's scoring passes and hands their scores to
+        the Gaussian process and the history."""
         self.score_passes += len(observed)
         self.score_tokens += len(observed) * windows.num_tokens
-        elapsed = time.perf_counter() - start
         self.score_seconds += elapsed
         self.budget.charge(elapsed)
         for coords, s in observed:
@@ -196,8 +275,9 @@ class SwiftSearch:
                 raise ValueError(f"non-finite matchness {s!r}")
             self.worker.submit(("observe", coords, s))
             self.history.append(Observation(**self.space.layer_sets(coords), skip_ratio=self.ratio, matchness=s))
-        self.opt_steps += 1
-        self.total_opt_steps += 1
+
+    def _after_verdict(self, improved: bool) -> None:
+        """A candidate was kept or turned down: the termination rules."""
         self.since_improvement = 0 if improved else self.since_improvement + 1
         if self.best_matchness > self.options.target_matchness:
             self._finish_optimizing("target matchness reached")
@@ -247,6 +327,7 @@ class SwiftSearch:
         self.recent.clear()
 
     def _start_optimizing(self, reset_score: bool) -> None:
+        self.challenger = None
         self.opt_steps = 0
         self.since_improvement = 0
         if reset_score:
@@ -304,10 +385,14 @@ class SwiftSearch:
 
     # ---- scoring windows ------------------------------------------------------
 
-    def _pick_windows(self, runner, requests: DraftRequests) -> list[tuple[int, int, int]]:
+    def _pick_windows(
+        self, runner, requests: DraftRequests, fresh_from: dict[str, int] | None = None
+    ) -> list[tuple[int, int, int]]:
         """(row, start, length) of the most recent generated tokens of the
         running requests, up to gamma per request and max_score_tokens in all;
-        requests take turns being first so every stream is scored over time."""
+        requests take turns being first so every stream is scored over time.
+        With `fresh_from` (request id -> position), a request's window starts
+        no earlier than its position there."""
         n = len(requests.rows)
         if n == 0:
             return []
@@ -320,6 +405,8 @@ class SwiftSearch:
             row, p = int(requests.rows[i]), int(requests.last_position[i])
             # Targets must be generated tokens (positions >= num_prompt_tokens).
             first = max(p - self.options.context_window, int(batch.num_prompt_tokens[row]) - 1, 0)
+            if fresh_from is not None:
+                first = max(first, fresh_from.get(batch.req_ids[row], 0))
             length = min(p - first, budget)
             if length < 1:
                 continue
@@ -397,6 +484,8 @@ class SwiftSearch:
             "best_set": self.space.layer_sets(self.best),
             "optimization_steps": self.total_opt_steps,
             "improvements": self.improvements,
+            "challengers": self.challengers,
+            "challengers_rejected": self.challengers_rejected,
             "ratio_changes": self.ratio_changes,
             "reoptimizations": self.reoptimizations,
             "score_passes": self.score_passes,
