@@ -138,6 +138,25 @@ def test_a_set_that_wins_one_window_by_luck_is_not_kept(confirm_duels):
     assert rest[0][1] >= start + length
 
 
+def test_one_easy_window_does_not_turn_later_candidates_away():
+    """The starting set scores 0.9 on the first window and 0.5 after; every
+    other set 0.6. Gating candidates by the best set's score on its last window
+    would turn all of them away after the first duel; its mean, re-scored at
+    least every RESCORE_BEST_EVERY candidates, lets a better set through."""
+    search = SwiftSearch(options(patience=100), NUM_LAYERS, IDENTITY)
+    starting = search.mask
+
+    class EasyFirstWindow(LoggingEngine):
+        def score(self, runner, windows, mask):
+            self.calls += 1
+            m = (0.9 if windows.starts[0] < 12 else 0.5) if mask == starting else 0.6
+            return np.arange(windows.num_tokens) < round(m * windows.num_tokens)
+
+    drive(search, EasyFirstWindow(), FakeRunner(), 60)
+    assert search.improvements == 1 and search.mask != starting, search.summary()
+    assert search.best_matchness == pytest.approx(0.625)  # 5 of 8 tokens, 3 duels
+
+
 def test_a_better_set_is_kept_after_winning_fresh_windows():
     space = SubLayerSpace(NUM_LAYERS)
     harmless = space.random(np.random.default_rng(7), 6)
