@@ -96,16 +96,20 @@ def main() -> None:
                 for i in range(0, len(prompts), args.batch):
                     llm.generate(prompts[i:i + args.batch], params, use_tqdm=False)
                 c = spec_decode_counters(llm) - before
+                # Accepted at draft position i / drafts: the first is what SWIFT's matchness scores.
+                per_pos = " / ".join(f"{a / max(c.drafts, 1):.3f}" for a in c.accepted_per_pos)
                 rows.append((text, name, len(prompts), c.mean_acceptance_length, c.acceptance_rate,
-                             time.perf_counter() - start))
+                             per_pos))
                 print(f"{name}: M {c.mean_acceptance_length:.2f} alpha {c.acceptance_rate:.2f} "
-                      f"({len(prompts)} prompts, {time.perf_counter() - start:.0f} s)", flush=True)
+                      f"per position {per_pos} ({len(prompts)} prompts, "
+                      f"{time.perf_counter() - start:.0f} s)", flush=True)
         finally:
             shutdown(llm)
     print(f"\nK = {args.k} fixed, no lookup, greedy, {args.max_tokens} tokens a prompt, {args.dtype}\n")
-    print("| set | prompts | n | M | alpha |\n|---|---|---:|---:|---:|")
-    for text, name, n, m, alpha, _ in rows:
-        print(f"| `{text}` | {name} | {n} | {m:.2f} | {alpha:.2f} |")
+    print("| set | prompts | n | M | alpha | accepted at position 1 / 2 / ... |\n"
+          "|---|---|---:|---:|---:|---|")
+    for text, name, n, m, alpha, per_pos in rows:
+        print(f"| `{text}` | {name} | {n} | {m:.2f} | {alpha:.2f} | {per_pos} |")
 
 
 if __name__ == "__main__":
