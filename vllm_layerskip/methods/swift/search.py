@@ -77,7 +77,8 @@ class SwiftSearch:
         # RESCORE_BEST_EVERY candidates ago. The best set's score on its last
         # window alone, the gate before, let one easy window (0.75 against a
         # mean of 0.64 on Qwen2.5-Coder-1.5B) turn every candidate away for the
-        # next 100.
+        # next 50 and more (benchmarks/results/2026-11-26/
+        # learn_swift_set_confirm2_lastwindow_gate_stopped.log).
         self.best_matchness = -1.0
         self.best_score_sum, self.best_score_count = 0.0, 0
         self.candidates_since_best_scored = 0
