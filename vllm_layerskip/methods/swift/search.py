@@ -79,8 +79,7 @@ class SwiftSearch:
         # mean of 0.64 on Qwen2.5-Coder-1.5B) turn every candidate away for the
         # next 50 and more (benchmarks/results/2026-11-26/
         # learn_swift_set_confirm2_lastwindow_gate_stopped.log).
-        self.best_matchness = -1.0
-        self.best_score_sum, self.best_score_count = 0.0, 0
+        self._forget_best_scores()
         self.candidates_since_best_scored = 0
         self.initial = self.best
         self.initial_matchness: list[float] = []  # scores of the initial set
@@ -348,7 +347,7 @@ class SwiftSearch:
         self.opt_steps = 0
         self.since_improvement = 0
         if reset_score:  # re-measured on the new text
-            self.best_matchness, self.best_score_sum, self.best_score_count = -1.0, 0.0, 0
+            self._forget_best_scores()
         self._set_phase("optimizing")
 
     def _finish_optimizing(self, reason: str) -> None:
@@ -395,7 +394,7 @@ class SwiftSearch:
         """Drafts with `coords` from the next step on; `scores`: its matchness
         on the windows it was scored on so far."""
         self.best = coords
-        self.best_matchness, self.best_score_sum, self.best_score_count = -1.0, 0.0, 0
+        self._forget_best_scores()
         for score in scores:
             self._score_best(score)
         # The draft loop reads self.mask once per step: swapping the reference
@@ -403,6 +402,9 @@ class SwiftSearch:
         self.mask = self.space.mask(coords)
         self.improvements += 1
         self.mask_log.append((self.decode_steps, coords))
+
+    def _forget_best_scores(self) -> None:
+        self.best_matchness, self.best_score_sum, self.best_score_count = -1.0, 0.0, 0
 
     def _score_best(self, score: float) -> None:
         self.candidates_since_best_scored = 0
