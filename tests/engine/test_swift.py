@@ -59,14 +59,19 @@ def questions():
 @pytest.fixture(scope="module")
 def learned(smollm2_path, questions):
     """SWIFT with the paper's defaults (r 0.45, gamma 32, a candidate scored
-    every step), run over 16 prompts."""
+    every step) and the project's (two confirming duels), run over 26 prompts.
+
+    256 new tokens each: with 128 (94 candidates) the search kept 2 sets and the
+    learned one accepted M 1.376 against the initial set's 1.352 on held-out
+    prompts, within noise (2026-11-26, the same figures in CI and here); with
+    256 (169 candidates: 7 challengers, 4 turned down) M 1.654."""
     config = {"method": "swift", "num_speculative_tokens": 4, "adaptive_draft_length": False, "prompt_lookup_max": 0,
               "max_optimizer_share": 1.0}
     llm = make_llm(smollm2_path, in_process=True, speculative_config=config,
                    max_model_len=MAX_MODEL_LEN)
     try:
         llm.collective_rpc(_install_kv_check)
-        _generate(llm, questions["train"], 128)
+        _generate(llm, questions["train"], 256)
         status = proposer_stats(llm)
         kv_checks = llm.collective_rpc(_kv_check_results)[0]
     finally:
@@ -102,16 +107,16 @@ def test_learned_set_beats_the_initial_uniform_set(smollm2_path, questions, lear
             shutdown(llm)
     learned_c, initial_c = results["learned"], results["initial"]
     print({k: (c.mean_acceptance_length, c.acceptance_rate) for k, c in results.items()})
-    search = {k: swift[k] for k in ("optimization_steps", "improvements", "bayes_suggestions",
+    search = {k: swift[k] for k in ("optimization_steps", "improvements", "challengers", "bayes_suggestions",
                                      "initial_matchness", "best_matchness")}
-    # Which set the search ends on depends on the optimizer thread's timing (at
-    # which step each suggestion is picked up, so which windows score it): runs
-    # of the same code here (2026-11-25, CPU without AVX-512) learned different
-    # sets. Held out, they reached M 1.40 (twice) and 1.54, a run of the commit
-    # before 1.58, against the initial set's 1.35; acceptance 0.101-0.144 against
-    # 0.088. The margins are what every run cleared, not the best run's.
-    assert learned_c.mean_acceptance_length > initial_c.mean_acceptance_length + 0.03, (results, search)
-    assert learned_c.acceptance_rate > initial_c.acceptance_rate + 0.005, (results, search)
+    # Which set the search ends on can depend on the optimizer thread's timing
+    # (at which step each suggestion is picked up, so which windows score it).
+    # Measured held out (2026-11-26, CPU without AVX-512): learned M 1.654,
+    # acceptance 0.163, against the initial set's 1.352 and 0.088. The margins
+    # are a third of that gain (with single duels, 2026-11-25, runs reached
+    # M 1.40-1.58 after 128 tokens).
+    assert learned_c.mean_acceptance_length > initial_c.mean_acceptance_length + 0.1, (results, search)
+    assert learned_c.acceptance_rate > initial_c.acceptance_rate + 0.025, (results, search)
 
 
 def test_optimizer_thread_failure_keeps_serving(smollm2_path, questions, monkeypatch):
