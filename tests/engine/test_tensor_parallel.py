@@ -231,9 +231,13 @@ METHODS = {
     # The cost model stays on here: its draft length comes from rank-local
     # timings, so this also checks that rank 0's length holds on both ranks.
     "layer_skip": {"skip_ratio": 0.25},
+    # A set that wins one duel switches at once (confirm_duels 0): with the
+    # default's two confirming duels on fresh positions, a CI run of these 3 x 40
+    # tokens made no switch (2026-11-26). Every confirming decision follows from
+    # scores rank 0 shares, as the first duel's does (search.py).
     "swift": {"adaptive_draft_length": False, "max_optimizer_share": 1.0, "context_window": 8,
               "max_score_tokens": 24, "patience": 1000, "target_matchness": 1.0,
-              "draft_confidence_threshold": 0.0},
+              "draft_confidence_threshold": 0.0, "confirm_duels": 0},
     "clasp": {"adaptive_draft_length": False, "num_skip_layers": 2,
               "layer_optimization_interval": 2, "max_optimizer_share": 1.0,
               "draft_confidence_threshold": 0.0},
