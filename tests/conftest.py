@@ -51,6 +51,30 @@ def tiny_model_dir(tmp_path_factory, smollm2_path):
     return build
 
 
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_model_dir) -> str:
+    # Small residual updates: a draft with skipped sub-layers agrees with the
+    # target part of the time, so both accept and reject paths run.
+    return tiny_model_dir("llama", num_layers=4, out_proj_std=0.03)
+
+
+@pytest.fixture(scope="session")
+def plain_samples(tiny_llama) -> dict:
+    """Plain decoding on the tiny Llama: seeded samples at T = 1 and 0.7, and
+    greedy outputs (tiny_llama_sampling.py); the engine is gone once they are."""
+    from tiny_llama_sampling import greedy, sample
+
+    from vllm_layerskip.core.measure import shutdown
+
+    llm = make_llm(tiny_llama, in_process=True, max_model_len=256)
+    try:
+        samples = {t: sample(llm, t) for t in (1.0, 0.7)}
+        samples["greedy"] = greedy(llm)
+    finally:
+        shutdown(llm)
+    return samples
+
+
 def owned_questions(count: int, skip_per_category: int = 0) -> list[str]:
     """`count` of the project's own prompts (tools/data/prompts.jsonl), the
     categories taking turns, from each category's prompt `skip_per_category` on."""

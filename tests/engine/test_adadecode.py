@@ -8,10 +8,9 @@ import argparse
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 from conftest import make_llm, owned_questions
-from test_sampling import NUM_TOKENS, PROMPT, two_sample_p_value
+from tiny_llama_sampling import NUM_TOKENS, sample, two_sample_p_value
 from vllm import SamplingParams
 
 from vllm_layerskip.core.errors import LayerSkipConfigError
@@ -178,26 +177,14 @@ def test_status_reports_exit_layer_and_training_time(adadecode):
 NUM_SAMPLES = 800  # fewer than test_sampling.py: this file's time budget is small
 
 
-def sample_t1(llm):
-    params = [SamplingParams(temperature=1.0, max_tokens=NUM_TOKENS, seed=i, ignore_eos=True)
-              for i in range(NUM_SAMPLES)]
-    outs = llm.generate([PROMPT] * NUM_SAMPLES, params, use_tqdm=False)
-    return np.array([list(o.outputs[0].token_ids) for o in outs])
-
-
-def test_sampling_distribution_matches_plain(tiny_model_dir, tmp_path):
-    model = tiny_model_dir("llama", num_layers=4, out_proj_std=0.03)
-    heads = write_identity_heads(tmp_path / "tiny.safetensors", identity_of(model), [1, 2])
-    plain_llm = make_llm(model, in_process=True, max_model_len=256)
-    try:
-        plain = sample_t1(plain_llm)
-    finally:
-        shutdown(plain_llm)
+def test_sampling_distribution_matches_plain(tiny_llama, plain_samples, tmp_path):
+    heads = write_identity_heads(tmp_path / "tiny.safetensors", identity_of(tiny_llama), [1, 2])
+    plain = plain_samples[1.0]  # 1500 samples (conftest.py)
     config = {"method": "adadecode", "heads": heads, "threshold": THRESHOLD,
               "num_speculative_tokens": 3, "adaptive_draft_length": False, "prompt_lookup_max": 0}
-    llm = make_llm(model, in_process=True, speculative_config=config, max_model_len=256)
+    llm = make_llm(tiny_llama, in_process=True, speculative_config=config, max_model_len=256)
     try:
-        spec = sample_t1(llm)
+        spec = sample(llm, 1.0, NUM_SAMPLES)
         counters = spec_decode_counters(llm)
         status = proposer_stats(llm)["adadecode"]
     finally:

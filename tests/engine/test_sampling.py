@@ -9,65 +9,14 @@ fixed-seed samples with and without speculation and compare the token
 distributions at the drafted positions with a chi-square two-sample test.
 """
 
-import numpy as np
 import pytest
 from conftest import make_llm
-from scipy.stats import chi2_contingency
-from vllm import SamplingParams
+from tiny_llama_sampling import NUM_SAMPLES, NUM_TOKENS, greedy, sample, two_sample_p_value
 
 from vllm_layerskip.core.measure import proposer_stats, shutdown, spec_decode_counters
 
-NUM_SAMPLES = 1500
-NUM_TOKENS = 4
-PROMPT = "The old lighthouse keeper"
 # Significance per position; three positions are tested (Bonferroni ~0.003).
 ALPHA = 0.001
-
-
-def sample(llm, temperature=1.0, num_samples=NUM_SAMPLES):
-    params = [SamplingParams(temperature=temperature, max_tokens=NUM_TOKENS, seed=i,
-                             ignore_eos=True) for i in range(num_samples)]
-    outs = llm.generate([PROMPT] * num_samples, params, use_tqdm=False)
-    return np.array([list(o.outputs[0].token_ids) for o in outs])
-
-
-def two_sample_p_value(a: np.ndarray, b: np.ndarray) -> float:
-    """Chi-square test that two samples of token ids come from one distribution.
-    Tokens seen fewer than 10 times in total are pooled into one bin."""
-    tokens, counts = np.unique(np.concatenate([a, b]), return_counts=True)
-    frequent = set(tokens[counts >= 10].tolist())
-    keys = sorted(frequent) + ["rare"]
-    table = np.zeros((2, len(keys)))
-    for row, sample_ in enumerate((a, b)):
-        for t in sample_.tolist():
-            table[row, keys.index(t if t in frequent else "rare")] += 1
-    table = table[:, table.sum(axis=0) > 0]
-    return chi2_contingency(table)[1]
-
-
-@pytest.fixture(scope="module")
-def tiny_llama(tiny_model_dir):
-    # Small residual updates: a draft with skipped sub-layers agrees with the
-    # target part of the time, so both accept and reject paths run.
-    return tiny_model_dir("llama", num_layers=4, out_proj_std=0.03)
-
-
-@pytest.fixture(scope="module")
-def plain_samples(tiny_llama):
-    llm = make_llm(tiny_llama, in_process=True, max_model_len=256)
-    samples = {t: sample(llm, t) for t in (1.0, 0.7)}
-    samples["greedy"] = greedy(llm)
-    shutdown(llm)
-    return samples
-
-
-GREEDY_PROMPTS = ["Once upon a time", "The capital of France is", "1, 2, 3, 4,"]
-
-
-def greedy(llm):
-    outs = llm.generate(GREEDY_PROMPTS, SamplingParams(temperature=0, max_tokens=24,
-                                                        ignore_eos=True), use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outs]
 
 
 def _set_fault(worker, spec):
