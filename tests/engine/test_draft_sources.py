@@ -9,7 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 from conftest import make_llm
-from test_sampling import ALPHA, NUM_TOKENS, two_sample_p_value
+from tiny_llama_sampling import ALPHA, NUM_TOKENS, two_sample_p_value
 from vllm import SamplingParams
 from vllm.inputs import TokensPrompt
 
@@ -31,11 +31,6 @@ def sample(llm, prompt_ids, num_samples=NUM_SAMPLES):
     outs = llm.generate([TokensPrompt(prompt_token_ids=prompt_ids)] * num_samples, params,
                         use_tqdm=False)
     return np.array([list(o.outputs[0].token_ids) for o in outs])
-
-
-@pytest.fixture(scope="module")
-def tiny_llama(tiny_model_dir):
-    return tiny_model_dir("llama", num_layers=4, out_proj_std=0.03)
 
 
 def _plain_samples(model, prompt_ids):

@@ -11,12 +11,9 @@ distributions at the drafted positions with a chi-square two-sample test.
 
 import pytest
 from conftest import make_llm
-from tiny_llama_sampling import NUM_SAMPLES, NUM_TOKENS, greedy, sample, two_sample_p_value
+from tiny_llama_sampling import ALPHA, NUM_SAMPLES, NUM_TOKENS, greedy, sample, two_sample_p_value
 
 from vllm_layerskip.core.measure import proposer_stats, shutdown, spec_decode_counters
-
-# Significance per position; three positions are tested (Bonferroni ~0.003).
-ALPHA = 0.001
 
 
 def _set_fault(worker, spec):

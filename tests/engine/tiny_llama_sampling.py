@@ -1,7 +1,8 @@
-"""Temperature-1 samples on a tiny random Llama, and the test that two samples
-come from one distribution: shared by test_sampling.py and test_adadecode.py,
-whose plain-decoding samples come from one session fixture (conftest.py), so
-the plain engine starts and samples once (~20 s of CI on a 2-core CPU)."""
+"""Temperature-1 samples on a tiny random Llama, and the two-sample test that
+two samples of tokens come from one distribution (test_sampling.py,
+test_adadecode.py, test_draft_sources.py). Plain decoding's samples on the tiny
+Llama come from one session fixture (conftest.py's plain_samples): its engine
+starts and samples once (~20 s of CI on a 2-core CPU)."""
 
 import numpy as np
 from scipy.stats import chi2_contingency
@@ -10,6 +11,8 @@ from vllm import SamplingParams
 NUM_SAMPLES = 1500
 NUM_TOKENS = 4
 PROMPT = "The old lighthouse keeper"
+# Significance per position; three positions are tested (Bonferroni ~0.003).
+ALPHA = 0.001
 GREEDY_PROMPTS = ["Once upon a time", "The capital of France is", "1, 2, 3, 4,"]
 
 
