@@ -403,14 +403,19 @@ class SwiftSearch:
         self.improvements += 1
         self.mask_log.append((self.decode_steps, coords))
 
+    @property
+    def best_matchness(self) -> float:
+        """The best set's mean matchness over the windows it was scored on; -1
+        before the first."""
+        return self.best_score_sum / self.best_score_count if self.best_score_count else -1.0
+
     def _forget_best_scores(self) -> None:
-        self.best_matchness, self.best_score_sum, self.best_score_count = -1.0, 0.0, 0
+        self.best_score_sum, self.best_score_count = 0.0, 0
 
     def _score_best(self, score: float) -> None:
         self.candidates_since_best_scored = 0
         self.best_score_sum += score
         self.best_score_count += 1
-        self.best_matchness = self.best_score_sum / self.best_score_count
 
     # ---- scoring windows ------------------------------------------------------
 
