@@ -9,8 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 from conftest import make_llm
-from tiny_llama_sampling import ALPHA, NUM_TOKENS, two_sample_p_value
-from vllm import SamplingParams
+from tiny_llama_sampling import ALPHA, NUM_TOKENS, sample, two_sample_p_value
 from vllm.inputs import TokensPrompt
 
 from vllm_layerskip.core.draft_vocab import DraftVocab, save_draft_vocab
@@ -25,18 +24,14 @@ NUM_SAMPLES = 1200
 ENGINE = dict(in_process=True, max_model_len=256, max_num_seqs=128)
 
 
-def sample(llm, prompt_ids, num_samples=NUM_SAMPLES):
-    params = [SamplingParams(temperature=1.0, max_tokens=NUM_TOKENS, seed=i, ignore_eos=True)
-              for i in range(num_samples)]
-    outs = llm.generate([TokensPrompt(prompt_token_ids=prompt_ids)] * num_samples, params,
-                        use_tqdm=False)
-    return np.array([list(o.outputs[0].token_ids) for o in outs])
+def sample_ids(llm, prompt_ids, num_samples=NUM_SAMPLES):
+    return sample(llm, 1.0, num_samples, prompt=TokensPrompt(prompt_token_ids=prompt_ids))
 
 
 def _plain_samples(model, prompt_ids):
     llm = make_llm(model, **ENGINE)
     try:
-        return sample(llm, prompt_ids)
+        return sample_ids(llm, prompt_ids)
     finally:
         shutdown(llm)
 
@@ -98,7 +93,7 @@ def test_sampling_distribution_matches_plain(tiny_llama, smollm2_path, plain, vo
         config.update(skip_attn=[10, 20], skip_mlp=[15], draft_vocab_size=0)
     llm = make_llm(model, speculative_config=config, **ENGINE)
     try:
-        samples = sample(llm, prompt)
+        samples = sample_ids(llm, prompt)
         counters = spec_decode_counters(llm)
         status = proposer_stats(llm)
     finally:
@@ -147,7 +142,7 @@ def test_a_copy_that_runs_out_goes_on_as_the_target_would(smollm2_path):
               "adaptive_draft_length": False, "prompt_lookup_max": 2, "prompt_lookup_min": 1}
     llm = make_llm(smollm2_path, speculative_config=config, **ENGINE)
     try:
-        sample(llm, _copy_prompt(smollm2_path), num_samples=128)
+        sample_ids(llm, _copy_prompt(smollm2_path), num_samples=128)
         verified = proposer_stats(llm)["verified"]
     finally:
         shutdown(llm)

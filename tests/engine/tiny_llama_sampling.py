@@ -16,12 +16,12 @@ ALPHA = 0.001
 GREEDY_PROMPTS = ["Once upon a time", "The capital of France is", "1, 2, 3, 4,"]
 
 
-def sample(llm, temperature=1.0, num_samples=NUM_SAMPLES):
+def sample(llm, temperature=1.0, num_samples=NUM_SAMPLES, prompt=PROMPT):
     """Sample i draws with seed i: the same i gives the same tokens on any engine
-    that samples exactly as plain decoding does."""
+    that samples exactly as plain decoding does. `prompt`: text or a vLLM prompt."""
     params = [SamplingParams(temperature=temperature, max_tokens=NUM_TOKENS, seed=i,
                              ignore_eos=True) for i in range(num_samples)]
-    outs = llm.generate([PROMPT] * num_samples, params, use_tqdm=False)
+    outs = llm.generate([prompt] * num_samples, params, use_tqdm=False)
     return np.array([list(o.outputs[0].token_ids) for o in outs])
 
 
