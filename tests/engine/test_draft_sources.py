@@ -17,21 +17,27 @@ from vllm_layerskip.core.identity import checkpoint_identity
 from vllm_layerskip.core.measure import proposer_stats, shutdown, spec_decode_counters
 from vllm_layerskip.tools.draft_vocab import rank
 
-NUM_SAMPLES = 1200
+# Samples per source. On SmolLM2 (lookup) 600 tell T = 1 from T = 0.85 at
+# p < 1e-8 (test_lookup_distribution_test_has_power); the tiny Llama's are cheap.
+NUM_SAMPLES = {"draft_vocab": 1200, "lookup": 600}
 # Seeded requests must not have their prompts split over steps (chunked prefill):
 # vLLM 0.32 then rewinds their generators, which CPU generators do not support.
-# 128 requests of the 30-token copy prompt fit one step's 4096-token budget.
-ENGINE = dict(in_process=True, max_model_len=256, max_num_seqs=128)
+# 128 requests of the copy prompt fit one step's 4096-token budget. Blocks of 32
+# tokens: every request after the first finds the copy prompt's first 32 tokens
+# in the prefix cache (CPU's default block of 128 holds no full block of it), so
+# SmolLM2 computes 1 prompt token a request instead of 33: plain decoding's 600
+# samples took 13 s instead of 66, the lookup engine's 61 s instead of 100.
+ENGINE = dict(in_process=True, max_model_len=256, max_num_seqs=128, block_size=32)
 
 
-def sample_ids(llm, prompt_ids, num_samples=NUM_SAMPLES):
-    return sample(llm, 1.0, num_samples, prompt=TokensPrompt(prompt_token_ids=prompt_ids))
+def sample_ids(llm, prompt_ids, num_samples, temperature=1.0):
+    return sample(llm, temperature, num_samples, prompt=TokensPrompt(prompt_token_ids=prompt_ids))
 
 
-def _plain_samples(model, prompt_ids):
+def _plain_samples(model, prompt_ids, num_samples, temperatures=(1.0,)):
     llm = make_llm(model, **ENGINE)
     try:
-        return sample_ids(llm, prompt_ids)
+        return {t: sample_ids(llm, prompt_ids, num_samples, t) for t in temperatures}
     finally:
         shutdown(llm)
 
@@ -39,28 +45,34 @@ def _plain_samples(model, prompt_ids):
 def _copy_prompt(smollm2_path) -> list[int]:
     """A list that repeats, then a stretch whose period is shorter than K: there
     the most recent match sits right before the end of the context and its copy
-    runs out after a token or two, so the draft continues it by itself."""
+    runs out after a token or two, so the draft continues it by itself. 33
+    tokens: one full block of 32 to share through the prefix cache."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(smollm2_path)
-    text = ", ".join(["apple", "pear", "plum", "fig", "lime"] * 2) + ", ha, ha, ha, ha,"
-    return tok(text, add_special_tokens=False).input_ids
+    text = "Fruit on the list: " + ", ".join(["apple", "pear", "plum", "fig", "lime"] * 2) + ", ha, ha, ha, ha,"
+    ids = tok(text, add_special_tokens=False).input_ids
+    assert len(ids) == 33, len(ids)
+    return ids
 
 
 @pytest.fixture(scope="module")
 def plain(tiny_llama, smollm2_path):
-    """Per source, the prompt and plain decoding's samples on it. Lookup: SmolLM2
-    continuing a list that repeats, which it mostly goes on copying at T = 1."""
+    """Per source, the prompt and plain decoding's samples on it by temperature.
+    Lookup: SmolLM2 continuing a list that repeats, which it often goes on
+    copying at T = 1; at T = 0.85 too, for the power check."""
     copy_prompt = _copy_prompt(smollm2_path)
-    return {"draft_vocab": ([1, 2, 3, 4], _plain_samples(tiny_llama, [1, 2, 3, 4])),
-            "lookup": (copy_prompt, _plain_samples(smollm2_path, copy_prompt))}
+    return {"draft_vocab": ([1, 2, 3, 4], _plain_samples(tiny_llama, [1, 2, 3, 4],
+                                                         NUM_SAMPLES["draft_vocab"])),
+            "lookup": (copy_prompt, _plain_samples(smollm2_path, copy_prompt,
+                                                   NUM_SAMPLES["lookup"], (1.0, 0.85)))}
 
 
 @pytest.fixture(scope="module")
 def vocab_file(tiny_llama, plain, tmp_path_factory):
     """A draft vocabulary of the ids plain decoding samples most often, just
     enough of them for about 70% of what it samples: the rest lies outside."""
-    _, samples = plain["draft_vocab"]
+    samples = plain["draft_vocab"][1][1.0]
     counts = Counter(samples.ravel().tolist())
     share = np.cumsum(sorted(counts.values(), reverse=True)) / samples.size
     size = int(np.searchsorted(share, 0.7)) + 1
@@ -81,7 +93,9 @@ CONFIGS = {
 
 @pytest.mark.parametrize("source", list(CONFIGS))
 def test_sampling_distribution_matches_plain(tiny_llama, smollm2_path, plain, vocab_file, source):
-    prompt, plain_samples = plain[source]
+    prompt, by_temperature = plain[source]
+    plain_samples = by_temperature[1.0]
+    num_samples = NUM_SAMPLES[source]
     path, size, outside = vocab_file
     config = {"method": "layer_skip", "skip_attn": [1], "skip_mlp": [2], "num_speculative_tokens": 3,
               "adaptive_draft_length": False, **CONFIGS[source]}
@@ -93,7 +107,7 @@ def test_sampling_distribution_matches_plain(tiny_llama, smollm2_path, plain, vo
         config.update(skip_attn=[10, 20], skip_mlp=[15], draft_vocab_size=0)
     llm = make_llm(model, speculative_config=config, **ENGINE)
     try:
-        samples = sample_ids(llm, prompt)
+        samples = sample_ids(llm, prompt, num_samples)
         counters = spec_decode_counters(llm)
         status = proposer_stats(llm)
     finally:
@@ -101,11 +115,11 @@ def test_sampling_distribution_matches_plain(tiny_llama, smollm2_path, plain, vo
     verified = status["verified"]
     if source == "draft_vocab":
         assert outside > 0.1, outside  # the pruned vocabulary leaves real mass out
-        assert verified["self"]["draft_tokens"] > NUM_SAMPLES
+        assert verified["self"]["draft_tokens"] > num_samples
     else:
         # Most drafts copied from the context, some of them rejected; copies
         # that ran out continued by the skip set's draft, which q covers too.
-        assert verified["lookup"]["draft_tokens"] > NUM_SAMPLES, verified
+        assert verified["lookup"]["draft_tokens"] > num_samples, verified
         assert 0.02 < verified["lookup"]["acceptance"] < 0.98, verified
         assert verified["continuation"]["draft_tokens"] > 100, verified
         assert 0.02 < verified["continuation"]["acceptance"] < 0.98, verified
@@ -113,6 +127,16 @@ def test_sampling_distribution_matches_plain(tiny_llama, smollm2_path, plain, vo
     for pos in range(1, NUM_TOKENS):  # position 0 comes from the prefill, no draft
         p = two_sample_p_value(plain_samples[:, pos], samples[:, pos])
         assert p > ALPHA, f"token distribution at position {pos} differs (p={p:.2e})"
+
+
+def test_lookup_distribution_test_has_power(plain):
+    """At the lookup test's sample size the same test tells plain decoding at
+    T = 1 from T = 0.85 on the copy prompt: a bug that shifts the distribution
+    by that much fails it."""
+    _, by_temperature = plain["lookup"]
+    p_values = [two_sample_p_value(by_temperature[1.0][:, pos], by_temperature[0.85][:, pos])
+                for pos in range(1, NUM_TOKENS)]
+    assert min(p_values) < 1e-6, p_values
 
 
 def test_pruned_draft_head_is_on(tiny_llama, vocab_file):
@@ -142,7 +166,7 @@ def test_a_copy_that_runs_out_goes_on_as_the_target_would(smollm2_path):
               "adaptive_draft_length": False, "prompt_lookup_max": 2, "prompt_lookup_min": 1}
     llm = make_llm(smollm2_path, speculative_config=config, **ENGINE)
     try:
-        sample_ids(llm, _copy_prompt(smollm2_path), num_samples=128)
+        sample_ids(llm, _copy_prompt(smollm2_path), 128)
         verified = proposer_stats(llm)["verified"]
     finally:
         shutdown(llm)
