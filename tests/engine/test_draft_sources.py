@@ -26,7 +26,8 @@ NUM_SAMPLES = {"draft_vocab": 1200, "lookup": 600}
 # tokens: every request after the first finds the copy prompt's first 32 tokens
 # in the prefix cache (CPU's default block of 128 holds no full block of it), so
 # SmolLM2 computes 1 prompt token a request instead of 33: plain decoding's 600
-# samples took 13 s instead of 66, the lookup engine's 61 s instead of 100.
+# samples took 13 s instead of ~66 (1200: 133 s), the lookup engine's 61 s instead
+# of 100 (2026-11-26, the AVX2 CPU).
 ENGINE = dict(in_process=True, max_model_len=256, max_num_seqs=128, block_size=32)
 
 
@@ -50,7 +51,8 @@ def _copy_prompt(smollm2_path) -> list[int]:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(smollm2_path)
-    text = "Fruit on the list: " + ", ".join(["apple", "pear", "plum", "fig", "lime"] * 2) + ", ha, ha, ha, ha,"
+    fruit = ", ".join(["apple", "pear", "plum", "fig", "lime"] * 2)
+    text = "Fruit on the list: " + fruit + ", ha, ha, ha, ha,"
     ids = tok(text, add_special_tokens=False).input_ids
     assert len(ids) == 33, len(ids)
     return ids
