@@ -96,8 +96,7 @@ def main() -> None:
                 for i in range(0, len(prompts), args.batch):
                     llm.generate(prompts[i:i + args.batch], params, use_tqdm=False)
                 c = spec_decode_counters(llm) - before
-                # Accepted at draft position i / drafts: the first is what SWIFT's matchness scores.
-                per_pos = " / ".join(f"{a / max(c.drafts, 1):.3f}" for a in c.accepted_per_pos)
+                per_pos = " / ".join(f"{a:.3f}" for a in c.acceptance_per_position)
                 rows.append((text, name, len(prompts), c.mean_acceptance_length, c.acceptance_rate,
                              per_pos))
                 print(f"{name}: M {c.mean_acceptance_length:.2f} alpha {c.acceptance_rate:.2f} "

@@ -82,6 +82,12 @@ class SpecDecodeCounters:
         """M: tokens produced per verify step that had a draft (accepted + 1)."""
         return 1.0 + self.accepted_tokens / self.drafts if self.drafts else 1.0
 
+    @property
+    def acceptance_per_position(self) -> tuple[float, ...]:
+        """Per draft position i, the share of drafts whose token i was accepted;
+        the first is what SWIFT's matchness scores."""
+        return tuple(a / max(self.drafts, 1) for a in self.accepted_per_pos)
+
 
 def spec_decode_counters(llm) -> SpecDecodeCounters:
     """vLLM's own spec-decode counters of an LLM built with disable_log_stats=False."""
