@@ -272,10 +272,19 @@ def weight_params(model_cfg: dict) -> dict:
     }
 
 
-def draft_weight_fraction(model_cfg: dict, num_attn_skipped: int, num_mlp_skipped: int) -> float:
+def draft_weight_fraction(model_cfg: dict, num_attn_skipped: int, num_mlp_skipped: int,
+                          draft_vocab_size: int = 0) -> float:
+    """Weights a draft step reads over a full forward's: the kept sub-layers,
+    and the LM head's rows the draft scores (all of them unless a pruned draft
+    vocabulary of draft_vocab_size ids is on)."""
     p = weight_params(model_cfg)
     full = p["layers"] * (p["attn"] + p["mlp"]) + p["head"]
-    return (full - num_attn_skipped * p["attn"] - num_mlp_skipped * p["mlp"]) / full
+    head_rows_skipped = 0
+    if 0 < draft_vocab_size < model_cfg["vocab_size"]:
+        head_rows_skipped = model_cfg["vocab_size"] - draft_vocab_size
+    skipped = (num_attn_skipped * p["attn"] + num_mlp_skipped * p["mlp"]
+               + head_rows_skipped * model_cfg["hidden_size"])
+    return (full - skipped) / full
 
 
 def skipped_counts(config, final_stats: dict) -> tuple[int, int] | None:
@@ -314,11 +323,17 @@ def projection(rows: list[dict], configs: dict, final_stats: dict, model_cfg: di
         if cfg.family == "vllm":
             c_w, basis = 0.0, "no model forward"
         else:
-            counts = skipped_counts(cfg, final_stats.get(r["config"], {}))
+            stats = final_stats.get(r["config"], {})
+            counts = skipped_counts(cfg, stats)
             if counts is None:
                 continue
-            c_w = draft_weight_fraction(model_cfg, *counts)
+            # A pruned draft head reads only its rows (the proposer reports
+            # the size it used; 0: the full head).
+            vocab = stats.get("draft_vocab_size") or 0
+            c_w = draft_weight_fraction(model_cfg, *counts, draft_vocab_size=vocab)
             basis = f"skips {counts[0]} attn + {counts[1]} MLP sub-layers"
+            if 0 < vocab < model_cfg["vocab_size"]:
+                basis += f", scores {vocab} of {model_cfg['vocab_size']} head rows"
         out.append({"workload": r["workload"], "config": r["config"], "M": r["M"],
                     "alpha": r["alpha"], "c_w": c_w, "basis": basis,
                     "projected_speedup": swift_eq6(r["M"], r["alpha"], c_w)})

@@ -263,3 +263,33 @@ def test_set_acceptance_refuses_a_malformed_prompt_group(spec):
 
     with pytest.raises(SystemExit, match="expected NAME:START:END"):
         prompt_groups([spec])
+
+
+def test_projection_counts_only_the_head_rows_a_pruned_draft_scores():
+    """The memory-bound projection's c_w: a pruned draft vocabulary takes its
+    unscored rows off the LM head's bytes (Qwen2.5-Coder-1.5B's shapes)."""
+    from benchlib.configs import Config
+    from benchlib.figures import draft_weight_fraction, projection, weight_params
+
+    qwen = {"hidden_size": 1536, "num_attention_heads": 12, "num_key_value_heads": 2,
+            "intermediate_size": 8960, "vocab_size": 151936, "num_hidden_layers": 28}
+    p = weight_params(qwen)
+    full = 28 * (p["attn"] + p["mlp"]) + p["head"]
+    head_share = p["head"] / full
+    assert 0.13 < head_share < 0.17  # the issue's "about 15%"
+    whole = draft_weight_fraction(qwen, 12, 11)
+    pruned = draft_weight_fraction(qwen, 12, 11, draft_vocab_size=65536)
+    assert whole - pruned == pytest.approx(head_share * (151936 - 65536) / 151936)
+    assert draft_weight_fraction(qwen, 12, 11, draft_vocab_size=151936) == whole
+
+    sets = {"skip_attn": list(range(12)), "skip_mlp": list(range(11))}
+    configs = {name: Config(name=name, method="layer_skip", spec={}, family="plugin",
+                            extra={"skip_sets": sets}) for name in ("full", "pruned")}
+    rows = [{"config": name, "category": ALL, "workload": "batch 1, T=0", "M": 2.0, "alpha": 0.5}
+            for name in configs]
+    stats = {"full": {"draft_vocab_size": 0}, "pruned": {"draft_vocab_size": 65536}}
+    out = {p["config"]: p for p in projection(rows, configs, stats, qwen)}
+    assert out["full"]["c_w"] == pytest.approx(whole)
+    assert out["pruned"]["c_w"] == pytest.approx(pruned)
+    assert out["pruned"]["basis"].endswith("scores 65536 of 151936 head rows")
+    assert out["pruned"]["projected_speedup"] > out["full"]["projected_speedup"]
