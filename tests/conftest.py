@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
 
 # Before vLLM is imported anywhere: a small KV cache suits this 24 GB machine,
 # and tests must not pick up a user's plugin selection.
@@ -87,6 +88,29 @@ def owned_questions(count: int, skip_per_category: int = 0) -> list[str]:
 IN_PROCESS_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 
+@contextmanager
+def engine_layout(in_process: bool):
+    """Engines built inside run in this process (in_process, vLLM's uniprocess
+    executor) or in vLLM's default layout; for tools that build their own LLM
+    (the Self-SD search) as for make_llm."""
+    import vllm.envs as envs
+
+    saved = os.environ.get(IN_PROCESS_ENV)
+    if in_process:
+        os.environ[IN_PROCESS_ENV] = "0"
+    # vLLM caches its environment variables once an in-process engine has
+    # started: read them afresh, so every engine sees the current setting.
+    envs.disable_envs_cache()
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(IN_PROCESS_ENV, None)
+        else:
+            os.environ[IN_PROCESS_ENV] = saved
+        envs.disable_envs_cache()
+
+
 def make_llm(model: str, speculative_config: dict | None = None, *, in_process: bool = False,
              **kwargs):
     """An offline engine. in_process: engine core and worker run in this
@@ -99,24 +123,11 @@ def make_llm(model: str, speculative_config: dict | None = None, *, in_process: 
     way): 32-39 s an engine against 50-65 s. Tests of process-level behaviour
     (the server, aborts) and of how much a background thread gets done next to
     the engine keep the default."""
-    import vllm.envs as envs
     from vllm import LLM
 
-    saved = os.environ.get(IN_PROCESS_ENV)
-    if in_process:
-        os.environ[IN_PROCESS_ENV] = "0"
-    # vLLM caches its environment variables once an in-process engine has
-    # started: read them afresh, so every engine sees the current setting.
-    envs.disable_envs_cache()
-    try:
+    with engine_layout(in_process):
         return LLM(model=model, speculative_config=speculative_config,
                    **{**ENGINE_DEFAULTS, **kwargs})
-    finally:
-        if saved is None:
-            os.environ.pop(IN_PROCESS_ENV, None)
-        else:
-            os.environ[IN_PROCESS_ENV] = saved
-        envs.disable_envs_cache()
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,7 @@ import argparse
 import json
 
 import pytest
-from conftest import make_llm, owned_questions
+from conftest import engine_layout, make_llm, owned_questions
 from vllm import SamplingParams
 
 from vllm_layerskip.core.measure import (
@@ -37,14 +37,17 @@ def test_search_runs_resumes_and_writes_a_loadable_profile(tiny_model_dir, tmp_p
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("The old lighthouse keeper\nOnce upon a time\n")
     out = tmp_path / "profile.json"
-    first = run_search(_search_args(model, prompts, out, 2))
+    # The search's engine in this process: 5 s to start instead of ~35, twice.
+    with engine_layout(in_process=True):
+        first = run_search(_search_args(model, prompts, out, 2))
     checkpoint = json.loads((tmp_path / "profile.json.search.json").read_text())
     assert len(checkpoint["history"]) == 2
     # The first candidate is the evenly spread seed set.
     space = SubLayerSpace(5)
     assert checkpoint["history"][0]["coords"] == list(space.evenly_spread(3))
     first_sets = [h["coords"] for h in checkpoint["history"]]
-    second = run_search(_search_args(model, prompts, out, 4))  # resumes: 2 more
+    with engine_layout(in_process=True):
+        second = run_search(_search_args(model, prompts, out, 4))  # resumes: 2 more
     checkpoint = json.loads((tmp_path / "profile.json.search.json").read_text())
     assert len(checkpoint["history"]) == 4 and second.search["iterations"] == 4
     assert [h["coords"] for h in checkpoint["history"][:2]] == first_sets  # kept, not redone
