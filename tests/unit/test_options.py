@@ -19,15 +19,27 @@ def test_uniform_set_size_and_first_last_kept(num_layers, ratio):
     assert not {0, num_layers - 1} & (attn | mlp)
 
 
-def test_uniform_set_is_spread_evenly():
-    attn, mlp = uniform_skip_sets(30, 0.5)
-    # Sub-layer index: 2 * layer for attention, 2 * layer + 1 for MLP. 30 of the
-    # 56 candidates (layers 1..28): consecutive picks are 1 or 2 apart.
-    chosen = sorted([2 * i for i in attn] + [2 * i + 1 for i in mlp])
-    assert len(chosen) == 30
-    gaps = {b - a for a, b in zip(chosen, chosen[1:])}
-    assert gaps <= {1, 2}
-    assert chosen[0] <= 3 and chosen[-1] >= 2 * 28
+@pytest.mark.parametrize("num_layers,ratio", [(30, 0.5), (28, 0.45), (30, 0.45), (28, 0.16),
+                                              (30, 0.2), (28, 0.25), (32, 0.3), (8, 0.9)])
+def test_uniform_set_is_spread_evenly_and_mixes_both_kinds(num_layers, ratio):
+    attn, mlp = uniform_skip_sets(num_layers, ratio)
+    count = len(attn) + len(mlp)
+    middle = num_layers - 2
+    for j in range(1, num_layers - 1):
+        a = sum(1 for i in attn if i <= j)
+        m = sum(1 for i in mlp if i <= j)
+        # Up to every layer j: about its share of the picks, and both kinds
+        # about equally often (r = 0.45 on 28 layers once skipped 12 MLPs and
+        # no attention in layers 1-12).
+        assert abs((a + m) - count * j / middle) <= 1.5, (j, sorted(attn), sorted(mlp))
+        assert abs(a - m) <= 1, (j, sorted(attn), sorted(mlp))
+
+
+def test_uniform_set_of_qwen_at_r045():
+    attn, mlp = uniform_skip_sets(28, 0.45)
+    # 25 of 52 sub-layers: one a layer over 1-26 but layer 13, kinds by turns.
+    assert sorted(attn) == [1, 3, 5, 7, 9, 11, 14, 16, 18, 20, 22, 24, 26]
+    assert sorted(mlp) == [2, 4, 6, 8, 10, 12, 15, 17, 19, 21, 23, 25]
 
 
 def test_zero_ratio_skips_nothing():
