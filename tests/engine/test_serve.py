@@ -36,25 +36,26 @@ def get(url, timeout=5):
         return r.status, r.read().decode()
 
 
-def start_server(model, spec, log):
+def launch_server(model, spec, log):
+    """Starts `vllm serve` and returns at once: (process, base URL)."""
     port = free_port()
     proc = subprocess.Popen(serve_command(model, port, spec), stdout=log,
                             stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 240
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def wait_healthy(proc, base, log, deadline):
     while time.time() < deadline:
         if proc.poll() is not None:
             log.seek(0)
             pytest.fail(f"vllm serve exited with {proc.returncode}:\n{log.read()[-4000:]}")
         try:
             if get(base + "/health")[0] == 200:
-                break
+                return
         except (urllib.error.URLError, ConnectionError, OSError):
             time.sleep(1)
-    else:
-        proc.kill()
-        pytest.fail("vllm serve did not become healthy within 240 s")
-    return proc, base
+    proc.kill()
+    pytest.fail("vllm serve did not become healthy within 300 s")
 
 
 def stop_server(proc):
@@ -65,13 +66,41 @@ def stop_server(proc):
         proc.kill()
 
 
+SWIFT_SPEC = {"method": "swift", "num_speculative_tokens": 4, "context_window": 4,
+              "adaptive_draft_length": False, "max_optimizer_share": 1.0}
+BAD_SPEC = {"method": "layer_skip", "num_speculative_tokens": 4, "skip_layers": [31]}
+
+
 @pytest.fixture(scope="module")
-def server(smollm2_path, tmp_path_factory):
-    log = open(tmp_path_factory.mktemp("serve") / "server.log", "w+")
-    proc, base = start_server(smollm2_path, SPEC, log)
-    yield base, smollm2_path
-    stop_server(proc)
-    log.close()
+def servers(smollm2_path, tmp_path_factory):
+    """The layer_skip server, the swift server and a server whose config is bad,
+    all started at once: a start-up is mostly one process importing vLLM and
+    torch, so on 2 cores three of them overlap (the module took 176 s with one
+    start-up after the other, 2026-11-26)."""
+    folder = tmp_path_factory.mktemp("serve")
+    logs = {name: open(folder / f"{name}.log", "w+") for name in ("layer_skip", "swift")}
+    started = {name: launch_server(smollm2_path, spec, logs[name])
+               for name, spec in (("layer_skip", SPEC), ("swift", SWIFT_SPEC))}
+    logs["bad_config"] = open(folder / "bad_config.log", "w+")
+    bad = subprocess.Popen(serve_command(smollm2_path, free_port(), BAD_SPEC),
+                           stdout=logs["bad_config"], stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 300
+        for name, (proc, base) in started.items():
+            wait_healthy(proc, base, logs[name], deadline)
+        yield {"model": smollm2_path, "bad_config": bad, "logs": logs,
+               **{name: base for name, (_, base) in started.items()}}
+    finally:
+        for proc, _ in started.values():
+            stop_server(proc)
+        bad.kill()
+        for log in logs.values():
+            log.close()
+
+
+@pytest.fixture(scope="module")
+def server(servers):
+    return servers["layer_skip"], servers["model"]
 
 
 def client(base):
@@ -130,46 +159,40 @@ def test_malformed_request_gets_4xx(server):
     assert get(base + "/health")[0] == 200
 
 
-def test_bad_config_stops_serve_at_startup(smollm2_path):
-    bad = {"method": "layer_skip", "num_speculative_tokens": 4, "skip_layers": [31]}
-    proc = subprocess.run(serve_command(smollm2_path, free_port(), bad), capture_output=True,
-                          text=True, timeout=180)
-    assert proc.returncode != 0
-    assert "'skip_layers' has layer indices [31] outside the model, which has 30 decoder layers" in (
-        proc.stdout + proc.stderr)
+def test_bad_config_stops_serve_at_startup(servers):
+    assert servers["bad_config"].wait(timeout=180) != 0
+    log = servers["logs"]["bad_config"]
+    log.seek(0)
+    output = log.read()
+    assert "'skip_layers' has layer indices [31] outside the model, which has 30 decoder layers" in output
 
 
-SWIFT_SPEC = {"method": "swift", "num_speculative_tokens": 4, "context_window": 4,
-              "adaptive_draft_length": False, "max_optimizer_share": 1.0}
-
-
-def test_swift_server_serves_concurrent_streams(server, smollm2_path, tmp_path):
-    """A second server with method swift, its optimizer busy while 6 streamed
-    requests run at once: every text equals the layer_skip server's (both are
-    plain decoding's, float32 greedy), and the log shows the optimizer at work."""
+def test_swift_server_serves_concurrent_streams(servers):
+    """The swift server, its optimizer busy while 6 streamed requests run at
+    once: every text equals the layer_skip server's (both are plain decoding's,
+    float32 greedy), and the log shows the optimizer at work."""
     from concurrent.futures import ThreadPoolExecutor
 
-    base_ls, model = server
+    model = servers["model"]
     prompts = [f"Once upon a time there was a {w} who" for w in
                ("cat", "robot", "river", "lighthouse", "dragon", "teacher")]
-    expected = [client(base_ls).completions.create(model=model, prompt=p, temperature=0,
-                                                   max_tokens=40).choices[0].text
-                for p in prompts]
-    log_path = tmp_path / "swift_server.log"
-    with open(log_path, "w+") as log:
-        proc, base = start_server(smollm2_path, SWIFT_SPEC, log)
-        try:
-            def stream(p):
-                chunks = client(base).completions.create(
-                    model=model, prompt=p, temperature=0, max_tokens=40, stream=True)
-                return "".join(ch.choices[0].text for ch in chunks if ch.choices)
 
-            with ThreadPoolExecutor(len(prompts)) as pool:
-                got = list(pool.map(stream, prompts))
-            _, text = get(base + "/metrics")
-            server_log = log_path.read_text()  # before shutdown, which logs its own errors
-        finally:
-            stop_server(proc)
+    def complete(p):
+        return client(servers["layer_skip"]).completions.create(
+            model=model, prompt=p, temperature=0, max_tokens=40).choices[0].text
+
+    def stream(p):
+        chunks = client(servers["swift"]).completions.create(
+            model=model, prompt=p, temperature=0, max_tokens=40, stream=True)
+        return "".join(ch.choices[0].text for ch in chunks if ch.choices)
+
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        expected = list(pool.map(complete, prompts))
+        got = list(pool.map(stream, prompts))
+    _, text = get(servers["swift"] + "/metrics")
+    log = servers["logs"]["swift"]
+    log.seek(0)
+    server_log = log.read()  # before shutdown, which logs its own errors
     assert got == expected and all(len(t) > 60 for t in got), got
     assert metric(text, "vllm:spec_decode_num_drafts_total") > 0
     assert "vllm-layerskip swift: accumulating, r=0.45" in server_log
