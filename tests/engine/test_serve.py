@@ -78,22 +78,19 @@ def servers(smollm2_path, tmp_path_factory):
     torch, so on 2 cores three of them overlap (the module took 176 s with one
     start-up after the other, 2026-11-26)."""
     folder = tmp_path_factory.mktemp("serve")
-    logs = {name: open(folder / f"{name}.log", "w+") for name in ("layer_skip", "swift")}
-    started = {name: launch_server(smollm2_path, spec, logs[name])
-               for name, spec in (("layer_skip", SPEC), ("swift", SWIFT_SPEC))}
-    logs["bad_config"] = open(folder / "bad_config.log", "w+")
-    bad = subprocess.Popen(serve_command(smollm2_path, free_port(), BAD_SPEC),
-                           stdout=logs["bad_config"], stderr=subprocess.STDOUT)
+    specs = {"layer_skip": SPEC, "swift": SWIFT_SPEC, "bad_config": BAD_SPEC}
+    logs = {name: open(folder / f"{name}.log", "w+") for name in specs}
+    started = {name: launch_server(smollm2_path, spec, logs[name]) for name, spec in specs.items()}
+    healthy = ("layer_skip", "swift")
     try:
         deadline = time.time() + 300
-        for name, (proc, base) in started.items():
-            wait_healthy(proc, base, logs[name], deadline)
-        yield {"model": smollm2_path, "bad_config": bad, "logs": logs,
-               **{name: base for name, (_, base) in started.items()}}
+        for name in healthy:
+            wait_healthy(*started[name], logs[name], deadline)
+        yield {"model": smollm2_path, "bad_config": started["bad_config"][0], "logs": logs,
+               **{name: started[name][1] for name in healthy}}
     finally:
         for proc, _ in started.values():
             stop_server(proc)
-        bad.kill()
         for log in logs.values():
             log.close()
 
