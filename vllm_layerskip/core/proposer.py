@@ -83,7 +83,7 @@ class LayerSkipProposerBase:
         if self.engine.head.pruned:
             logger.info("vllm-layerskip %s: drafts score %d of %d token ids (draft vocabulary %s)",
                         self.method, self.engine.head.token_ids.numel(), identity.vocab_size,
-                        self.options.draft_vocab)
+                        self.options.draft_vocab or "shipped")
         self.on_model_loaded()
 
     def on_model_loaded(self) -> None:
