@@ -10,7 +10,11 @@ minutes:
 
 1. a bf16/fp32 linear layer of the model's MLP shape at 1, 2, 4, 8 rows (torch alone,
    vLLM's thread count), each relative to one row;
-2. plain decoding with vLLM at batch 1 and batch N (tokens/s and the cost of a
+2. the LM head at batch 1, full and at pruned draft-vocabulary sizes, beside one
+   decoder layer's linear layers, all through vLLM's CPU GEMM dispatch (the one the
+   model and the pruned draft head use): the head's share of a step's matmul time
+   on this machine, and so how much a pruned draft head can lower c here;
+3. plain decoding with vLLM at batch 1 and batch N (tokens/s and the cost of a
    step of N tokens in steps of 1), unless --no-engine.
 
     .venv/bin/python benchmarks/bench_step_cost.py --model ~/.cache/vllm_layerskip/Qwen2.5-Coder-1.5B-Instruct
@@ -47,6 +51,46 @@ def linear_costs(hidden: int, intermediate: int, threads: int, rows=(1, 2, 4, 8)
     return out
 
 
+def _timed_ms(fn, x, repeats: int) -> float:
+    for _ in range(3):
+        fn(x)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn(x)
+    return (time.perf_counter() - start) / repeats * 1e3
+
+
+def head_costs(hidden: int, intermediate: int, qkv: int, vocab: int, sizes: list[int],
+               threads: int, repeats: int = 20) -> tuple[list[tuple], float]:
+    """ms for one token through the LM head at each size (the full vocabulary
+    first) and through one decoder layer's four linear layers, bf16, with vLLM's
+    CPU GEMM dispatch. The rows are random: a GEMM's time does not depend on
+    the values. ([(size, ms)], layer ms)"""
+    import torch
+    from torch import nn
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    torch.set_num_threads(threads)
+
+    def linear(rows: int, cols: int):
+        layer = nn.Module()
+        layer.weight = nn.Parameter(torch.randn(rows, cols, dtype=torch.bfloat16),
+                                    requires_grad=False)
+        dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
+        run = getattr(layer, "cpu_linear", None) or nn.functional.linear
+        return lambda x: run(x, layer.weight, None)
+
+    x = torch.randn(1, hidden, dtype=torch.bfloat16)
+    heads = []
+    for size in [vocab, *sizes]:
+        heads.append((size, _timed_ms(linear(size, hidden), x, repeats)))
+    layer_ms = sum(_timed_ms(linear(rows, cols), torch.randn(1, cols, dtype=torch.bfloat16),
+                             repeats)
+                   for rows, cols in ((qkv, hidden), (hidden, hidden),
+                                      (2 * intermediate, hidden), (hidden, intermediate)))
+    return heads, layer_ms
+
+
 def plain_decoding(model: str, dtype: str, batch: int, max_tokens: int) -> list[tuple]:
     from vllm import LLM, SamplingParams
 
@@ -72,9 +116,15 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--hidden", type=int, default=1536, help="linear layer: input size")
     ap.add_argument("--intermediate", type=int, default=8960, help="linear layer: output size")
+    ap.add_argument("--qkv", type=int, default=2048,
+                    help="decoder layer: q, k and v outputs together (Qwen2.5-1.5B: 1536 + 2 x 256)")
+    ap.add_argument("--layers", type=int, default=28, help="decoder layers")
+    ap.add_argument("--vocab", type=int, default=151936, help="LM head rows")
+    ap.add_argument("--head-sizes", type=int, nargs="*", default=[65536, 32768],
+                    help="pruned draft-vocabulary sizes to time the head at")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads for the linear layer (vLLM's CPU worker on 2 cores: 1)")
-    ap.add_argument("--no-engine", action="store_true", help="the linear layer only")
+    ap.add_argument("--no-engine", action="store_true", help="the linear layers only")
     args = ap.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
@@ -85,6 +135,17 @@ def main() -> None:
     print("| dtype | rows | ms | x one row |\n|---|---:|---:|---:|")
     for dtype, n, ms, rel in linear_costs(args.hidden, args.intermediate, args.threads):
         print(f"| {dtype} | {n} | {ms:.2f} | {rel:.2f} |")
+    heads, layer_ms = head_costs(args.hidden, args.intermediate, args.qkv, args.vocab,
+                                 args.head_sizes, args.threads)
+    step_ms = args.layers * layer_ms + heads[0][1]
+    print(f"\nLM head at batch 1, bf16, vLLM's CPU GEMM dispatch, {args.threads} thread(s); "
+          f"one decoder layer's linear layers {layer_ms:.2f} ms, x {args.layers} layers + "
+          f"the full head = {step_ms:.1f} ms of matmuls a decode step:")
+    print("| head rows | ms | x full head | share of the step's matmuls | c can fall by |\n"
+          "|---:|---:|---:|---:|---:|")
+    for size, ms in heads:
+        print(f"| {size} | {ms:.2f} | {ms / heads[0][1]:.2f} | {ms / step_ms:.3f} | "
+              f"{(heads[0][1] - ms) / step_ms:.3f} |")
     if args.no_engine:
         return
     print(f"\nPlain decoding, {os.path.basename(args.model)}, {args.dtype}, "
