@@ -10,12 +10,16 @@ Qwen2.5-Coder-1.5B, 2026-11-25). This script gives the optimizer every step
 the set size fixed (no lowering of r on low acceptance) and no prompt lookup, and
 stops when the optimizer does (patience, or the step limit) or the prompts run
 out. It prints the learned set as `--layer-skip-sets` JSON and leaves the state
-file, which `swift` loads with `"state_file"`:
+file, which `swift` loads with `"state_file"`. `--resume` goes on from an earlier
+run's state file (its best set and every candidate it scored), on other text with
+`--prompts` (e.g. Spec-Bench questions past the ones a benchmark measures on):
 
     .venv/bin/python benchmarks/learn_swift_set.py --model ~/.cache/vllm_layerskip/Qwen2.5-Coder-1.5B-Instruct \\
         --dtype bfloat16 --out benchmarks/results/swift-qwen.state.json
     .venv/bin/python benchmarks/bench_methods.py --model ... --k 3 --draft-length fixed --prompt-lookup off \\
         --methods plain layer_skip swift_initial --layer-skip-sets '<the JSON it printed>'
+    .venv/bin/python benchmarks/learn_swift_set.py --model ... --resume benchmarks/results/swift-qwen.state.json \
+        --prompts question.jsonl --skip-per-category 5 --out swift-qwen-round2.state.json
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -50,18 +55,32 @@ def main() -> None:
                         help="fresh windows a challenger must also win before it replaces "
                              "the best set (swift's default; 0: the paper's single duel)")
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--resume", metavar="STATE",
+                        help="an earlier run's state file to go on from (copied to --out; "
+                             "it is not changed)")
+    parser.add_argument("--prompts", help="JSON lines (`prompt`, or Spec-Bench `turns`, and "
+                        "`category`); default: the project's own prompts")
+    parser.add_argument("--skip-per-category", type=int, default=0,
+                        help="leave out the first N prompts of every category (the ones a "
+                             "benchmark measures on)")
     args = parser.parse_args()
 
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # proposer_stats
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; a CPU engine needs a size
     from vllm import LLM, SamplingParams
 
-    from vllm_layerskip.core.measure import chat_prompts, interleave_categories, proposer_stats, shutdown
+    from vllm_layerskip.core.measure import (chat_prompts, interleave_categories, proposer_stats,
+                                             read_questions, shutdown)
     from vllm_layerskip.tools.prepare_model import ensure_default_model
     from vllm_layerskip.tools.prompts import owned_prompts
 
     if os.path.exists(args.out):
-        sys.exit(f"{args.out} exists: swift would start from it. Remove it or choose another --out.")
+        sys.exit(f"{args.out} exists: swift would start from it. Remove it or choose another "
+                 "--out (--resume FILE goes on from an earlier run).")
+    if args.resume:
+        if not os.path.isfile(args.resume):
+            sys.exit(f"--resume {args.resume}: no such file (a state file from an earlier run)")
+        shutil.copyfile(args.resume, args.out)
     spec = {"method": "swift", "num_speculative_tokens": args.k, "skip_ratio": args.skip_ratio,
             "adaptive_draft_length": False, "prompt_lookup_max": 0, "state_file": args.out,
             "max_optimizer_share": 1.0, "optimize_interval": 1, "target_matchness": 1.0,
@@ -70,7 +89,8 @@ def main() -> None:
             "max_score_tokens": args.max_score_tokens, "confirm_duels": args.confirm_duels}
     llm = LLM(model=args.model or ensure_default_model(), speculative_config=spec, dtype=args.dtype,
               enforce_eager=True, max_model_len=2048, disable_log_stats=False, seed=0)
-    prompts = chat_prompts(llm, interleave_categories(owned_prompts()))
+    questions = read_questions(args.prompts) if args.prompts else owned_prompts()
+    prompts = chat_prompts(llm, interleave_categories(questions, args.skip_per_category))
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     start = time.perf_counter()
     try:
