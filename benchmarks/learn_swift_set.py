@@ -35,6 +35,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 
+def _score(matchness: float | None) -> str:
+    return "not scored" if matchness is None else f"{matchness:.3f}"  # None: resumed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="default: SmolLM2-135M-Instruct, converted")
@@ -102,7 +106,7 @@ def main() -> None:
             s = proposer_stats(llm)["swift"]
             print(f"round {round_ + 1}: {s['optimization_steps']} candidates scored, phase "
                   f"{s['phase']}, matchness best {s['best_matchness']:.3f} (initial set "
-                  f"{s['initial_matchness'] or 0:.3f}), {s['improvements']} improvements ({s['challengers']} challengers, "
+                  f"{_score(s['initial_matchness'])}), {s['improvements']} improvements ({s['challengers']} challengers, "
                   f"{s['challengers_rejected']} turned down on fresh windows), "
                   f"{time.perf_counter() - start:.0f} s", flush=True)
             if s["phase"] == "accelerating":  # the optimizer stopped
