@@ -15,7 +15,8 @@ minutes:
    model and the pruned draft head use): the head's share of a step's matmul time
    on this machine, and so how much a pruned draft head can lower c here;
 3. plain decoding with vLLM at batch 1 and batch N (tokens/s and the cost of a
-   step of N tokens in steps of 1), unless --no-engine.
+   step of N tokens in steps of 1), and the head again inside the engine's worker
+   (the model's own compute_logits against the plugin's slice), unless --no-engine.
 
     .venv/bin/python benchmarks/bench_step_cost.py --model ~/.cache/vllm_layerskip/Qwen2.5-Coder-1.5B-Instruct
 """
@@ -91,8 +92,15 @@ def head_costs(hidden: int, intermediate: int, qkv: int, vocab: int, sizes: list
     return heads, layer_ms
 
 
-def plain_decoding(model: str, dtype: str, batch: int, max_tokens: int) -> list[tuple]:
+def plain_decoding(model: str, dtype: str, batch: int, max_tokens: int,
+                   head_sizes: list[int]) -> tuple[list[tuple], dict]:
+    """[(requests, tokens/s, s per step)] and the LM head's times inside the
+    engine's worker (benchlib/head_probe.py)."""
+    import functools
+
     from vllm import LLM, SamplingParams
+
+    from benchlib.head_probe import head_times
 
     llm = LLM(model=model, dtype=dtype, enforce_eager=True, max_model_len=2048)
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
@@ -104,7 +112,8 @@ def plain_decoding(model: str, dtype: str, batch: int, max_tokens: int) -> list[
         llm.generate([prompt] * n, params, use_tqdm=False)
         seconds = time.perf_counter() - start
         out.append((n, n * max_tokens / seconds, seconds / max_tokens))
-    return out
+    heads = llm.apply_model(functools.partial(head_times, sizes=head_sizes))[0]
+    return out, heads
 
 
 def main() -> None:
@@ -127,6 +136,10 @@ def main() -> None:
     ap.add_argument("--no-engine", action="store_true", help="the linear layers only")
     args = ap.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model
+    # The worker unpickles head_times by its module name: benchlib must be importable there.
+    here = os.path.dirname(os.path.abspath(__file__))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
 
     from benchlib.report import cpu_vector_isa
 
@@ -151,9 +164,21 @@ def main() -> None:
     print(f"\nPlain decoding, {os.path.basename(args.model)}, {args.dtype}, "
           f"{args.max_tokens} tokens per request:")
     print("| requests | tokens/s | s per step | step x batch-1 step |\n|---:|---:|---:|---:|")
-    rows = plain_decoding(args.model, args.dtype, args.batch, args.max_tokens)
+    rows, engine_heads = plain_decoding(args.model, args.dtype, args.batch, args.max_tokens,
+                                        args.head_sizes)
     for n, tps, step in rows:
         print(f"| {n} | {tps:.2f} | {step:.3f} | {step / rows[0][2]:.2f} |")
+    step_ms = rows[0][2] * 1e3
+    full = engine_heads["full"]
+    print(f"\nLM head inside the engine's worker ({engine_heads['threads']} torch thread(s)), "
+          f"one token, against the batch-1 step above ({step_ms:.0f} ms):")
+    print("| head | ms | share of a decode step | c can fall by |\n|---|---:|---:|---:|")
+    print(f"| full ({args.vocab} ids, the model's compute_logits) | {full:.2f} | "
+          f"{full / step_ms:.3f} | - |")
+    for size in args.head_sizes:
+        ms = engine_heads[size]
+        print(f"| pruned, {size} ids (the plugin's slice) | {ms:.2f} | {ms / step_ms:.3f} | "
+              f"{(full - ms) / step_ms:.3f} |")
 
 
 if __name__ == "__main__":  # vLLM's CPU executor spawns processes
