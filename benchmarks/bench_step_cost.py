@@ -30,6 +30,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from benchlib.head_probe import ms_per_call  # noqa: E402 - after the path
+
 
 def linear_costs(hidden: int, intermediate: int, threads: int, rows=(1, 2, 4, 8)) -> list[tuple]:
     import torch
@@ -41,24 +43,10 @@ def linear_costs(hidden: int, intermediate: int, threads: int, rows=(1, 2, 4, 8)
         base = None
         for n in rows:
             x = torch.randn(n, hidden, dtype=dtype)
-            for _ in range(3):
-                torch.nn.functional.linear(x, weight)
-            start = time.perf_counter()
-            for _ in range(20):
-                torch.nn.functional.linear(x, weight)
-            ms = (time.perf_counter() - start) / 20 * 1e3
+            ms = ms_per_call(lambda: torch.nn.functional.linear(x, weight), 20)
             base = base or ms
             out.append((str(dtype).replace("torch.", ""), n, ms, ms / base))
     return out
-
-
-def _timed_ms(fn, x, repeats: int) -> float:
-    for _ in range(3):
-        fn(x)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn(x)
-    return (time.perf_counter() - start) / repeats * 1e3
 
 
 def head_costs(hidden: int, intermediate: int, qkv: int, vocab: int, sizes: list[int],
@@ -84,11 +72,13 @@ def head_costs(hidden: int, intermediate: int, qkv: int, vocab: int, sizes: list
     x = torch.randn(1, hidden, dtype=torch.bfloat16)
     heads = []
     for size in [vocab, *sizes]:
-        heads.append((size, _timed_ms(linear(size, hidden), x, repeats)))
-    layer_ms = sum(_timed_ms(linear(rows, cols), torch.randn(1, cols, dtype=torch.bfloat16),
-                             repeats)
-                   for rows, cols in ((qkv, hidden), (hidden, hidden),
-                                      (2 * intermediate, hidden), (hidden, intermediate)))
+        run = linear(size, hidden)
+        heads.append((size, ms_per_call(lambda: run(x), repeats)))
+    layer_ms = 0.0
+    for rows, cols in ((qkv, hidden), (hidden, hidden), (2 * intermediate, hidden),
+                       (hidden, intermediate)):
+        run, x_in = linear(rows, cols), torch.randn(1, cols, dtype=torch.bfloat16)
+        layer_ms += ms_per_call(lambda: run(x_in), repeats)
     return heads, layer_ms
 
 

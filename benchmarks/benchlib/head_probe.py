@@ -9,7 +9,8 @@ from __future__ import annotations
 import time
 
 
-def _ms(fn, repeats: int) -> float:
+def ms_per_call(fn, repeats: int) -> float:
+    """Mean milliseconds of fn() over `repeats` calls, after 3 unmeasured ones."""
     for _ in range(3):
         fn()
     start = time.perf_counter()
@@ -29,9 +30,9 @@ def head_times(model, sizes: list[int], repeats: int = 30) -> dict:
     hidden = torch.randn(1, weight.shape[1], dtype=weight.dtype, device=weight.device)
     out = {"threads": torch.get_num_threads()}
     with torch.inference_mode():
-        out["full"] = _ms(lambda: model.compute_logits(hidden).float(), repeats)
+        out["full"] = ms_per_call(lambda: model.compute_logits(hidden).float(), repeats)
         stack = DecoderStack.from_model(model)
         for size in sizes:
             head = DraftHead(stack, torch.arange(size))
-            out[size] = _ms(lambda: head.logits(hidden), repeats)
+            out[size] = ms_per_call(lambda: head.logits(hidden), repeats)
     return out
