@@ -258,18 +258,16 @@ def _decode_step(ref: dict) -> float | None:
 # ---- projection --------------------------------------------------------------------
 
 def weight_params(model_cfg: dict) -> dict:
-    """Parameters a forward reads per attention and MLP sub-layer and in the LM
-    head (the token embedding is a gather of one row per token, left out)."""
-    h = model_cfg["hidden_size"]
-    heads = model_cfg["num_attention_heads"]
-    kv = model_cfg.get("num_key_value_heads", heads)
-    hd = model_cfg.get("head_dim") or h // heads
-    return {
-        "attn": 2 * h * heads * hd + 2 * h * kv * hd,  # q, o; k, v
-        "mlp": 3 * h * model_cfg["intermediate_size"],  # gate, up, down
-        "head": model_cfg["vocab_size"] * h,
-        "layers": model_cfg["num_hidden_layers"],
-    }
+    """Parameters a forward reads per attention and MLP sub-layer (the plugin's
+    own count, core.skip_mask.sublayer_params) and in the LM head (the token
+    embedding is a gather of one row per token, left out)."""
+    from types import SimpleNamespace
+
+    from vllm_layerskip.core.skip_mask import sublayer_params
+
+    attn, mlp = sublayer_params(SimpleNamespace(**model_cfg))
+    return {"attn": attn, "mlp": mlp, "head": model_cfg["vocab_size"] * model_cfg["hidden_size"],
+            "layers": model_cfg["num_hidden_layers"]}
 
 
 def draft_weight_fraction(model_cfg: dict, num_attn_skipped: int, num_mlp_skipped: int,

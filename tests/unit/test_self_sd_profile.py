@@ -65,14 +65,14 @@ def test_profile_refusals(tmp_path):
 def test_proxy_objective_prices_a_set_by_the_weights_it_keeps():
     from types import SimpleNamespace
 
-    from vllm_layerskip.methods.self_sd.search_tool import _rescore, sublayer_weights
+    from vllm_layerskip.core.skip_mask import sublayer_params
+    from vllm_layerskip.methods.self_sd.search_tool import _rescore
 
     # Qwen2.5-Coder-1.5B's shapes: grouped-query attention makes an attention
     # sub-layer ~7x cheaper to run than an MLP.
     qwen = SimpleNamespace(hidden_size=1536, num_attention_heads=12, num_key_value_heads=2,
                            intermediate_size=8960, num_hidden_layers=28)
-    attn, mlp = sublayer_weights(qwen)
-    assert (attn[0], mlp[0], len(attn)) == (5_505_024, 41_287_680, 28)
+    assert sublayer_params(qwen) == (5_505_024, 41_287_680)
     # Two sets of one size with the same acceptance: the one that keeps fewer
     # weights (skips MLPs) is worth more; its measured c (noisy) does not decide.
     history = [

@@ -41,6 +41,22 @@ class SkipMask:
         return cls.from_sets(num_layers, skipped, skipped)
 
 
+def sublayer_params(text_config) -> tuple[int, int]:
+    """Parameters one decoder layer's attention and MLP sub-layer read per token,
+    from the config of a Llama/Qwen-shaped model (attributes of an HF config).
+    Decoding reads every kept weight once per step: on memory-bound hardware a
+    draft's cost follows the weights it keeps, not how many sub-layers. With
+    grouped-query attention the two differ a lot: on Qwen2.5-Coder-1.5B an MLP
+    holds 41M parameters and an attention sub-layer 5.5M."""
+    hidden = text_config.hidden_size
+    heads = text_config.num_attention_heads
+    head_dim = getattr(text_config, "head_dim", None) or hidden // heads
+    kv = getattr(text_config, "num_key_value_heads", None) or heads
+    attn = 2 * hidden * heads * head_dim + 2 * hidden * kv * head_dim  # q, o; k, v
+    mlp = 3 * hidden * text_config.intermediate_size  # gate, up, down
+    return attn, mlp
+
+
 def uniform_skip_sets(num_layers: int, ratio: float) -> tuple[set[int], set[int]]:
     """An evenly spread set of round(ratio * 2L) sub-layers, never in the first or
     last layer: the picks sit at even steps over layers 1..L-2 and take

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from vllm_layerskip.core.errors import LayerSkipConfigError
+from vllm_layerskip.core.skip_mask import sublayer_params
 from vllm_layerskip.methods.self_sd.profile import SkipProfile, save_profile
 from vllm_layerskip.core.set_search import BayesianSetOptimizer, Coords, SubLayerSpace
 
@@ -87,7 +88,7 @@ class Evaluator:
         self.params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
         model_config = self.llm.llm_engine.model_config
         self.num_layers = model_config.hf_text_config.num_hidden_layers
-        self.weight_bytes = sublayer_weights(model_config.hf_text_config)
+        self.sublayer_params = sublayer_params(model_config.hf_text_config)
         # Read by every draft token whatever the set: the (draft) LM head.
         head_rows = self.llm.collective_rpc(_draft_head_rows)[0] or model_config.get_vocab_size()
         self.fixed_weights = head_rows * model_config.hf_text_config.hidden_size
@@ -116,8 +117,8 @@ class Evaluator:
         m = counters.mean_acceptance_length if counters.drafts else 1.0
         alpha = counters.acceptance_rate if counters.draft_tokens else 0.0
         expected = m * alpha / ((m - 1) * c + alpha) if alpha > 0 else 0.0
-        kept = self.fixed_weights + sum(w for w, run in zip(self.weight_bytes[0], mask.run_attn) if run) + sum(
-            w for w, run in zip(self.weight_bytes[1], mask.run_mlp) if run)
+        attn, mlp = self.sublayer_params
+        kept = self.fixed_weights + attn * sum(mask.run_attn) + mlp * sum(mask.run_mlp)
         return {"tokens_per_second": tokens / seconds, "M": m, "alpha": alpha, "c": c,
                 "expected_speedup": expected, "seconds": seconds, "kept_weights": kept}
 
@@ -125,23 +126,6 @@ class Evaluator:
         from vllm_layerskip.core.measure import shutdown
 
         shutdown(self.llm)
-
-
-def sublayer_weights(text_config) -> tuple[list[int], list[int]]:
-    """Weights each decoder layer's attention and MLP sub-layer reads per token
-    ([L] each, in parameters), from the config of a Llama/Qwen-shaped model.
-    Decoding reads every kept weight once per step: on memory-bound hardware a
-    draft's cost follows the weights it keeps, not how many sub-layers. With
-    grouped-query attention the two differ a lot: on Qwen2.5-Coder-1.5B an MLP
-    holds 41M parameters and an attention sub-layer 5.5M."""
-    hidden = text_config.hidden_size
-    heads = text_config.num_attention_heads
-    head_dim = getattr(text_config, "head_dim", None) or hidden // heads
-    kv = getattr(text_config, "num_key_value_heads", None) or heads
-    attn = 2 * hidden * heads * head_dim + 2 * hidden * kv * head_dim
-    mlp = 3 * hidden * text_config.intermediate_size
-    layers = text_config.num_hidden_layers
-    return [attn] * layers, [mlp] * layers
 
 
 def _rescore(objective: str, history: list[dict]) -> None:
