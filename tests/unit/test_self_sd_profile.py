@@ -111,3 +111,59 @@ def test_acceptance_objective_ranks_by_m_alone_and_needs_a_fixed_size():
     args = SimpleNamespace(objective="acceptance", skip_ratio=None, model="unused")
     with pytest.raises(LayerSkipConfigError, match="give --skip-ratio R instead of --free-size"):
         run_search(args)
+
+
+def test_swaps_strategy_climbs_one_swap_at_a_time_from_the_seed(tmp_path, monkeypatch):
+    """`--strategy swaps`: after the seed set, every candidate is the best set so
+    far with one skipped sub-layer swapped for a run one, never a set already
+    scored; the profile keeps the best. Scored here by a fake evaluator whose M
+    counts the skipped MLP sub-layers."""
+    import json
+    from types import SimpleNamespace
+
+    import vllm_layerskip.core.identity as identity
+    from vllm_layerskip.core.set_search import SubLayerSpace
+    from vllm_layerskip.methods.self_sd import search_tool
+
+    space = SubLayerSpace(8)  # 12 coordinates
+    upper = set(range(space.dim // 2, space.dim))  # the MLPs' coordinates
+
+    class FakeEvaluator:
+        def __init__(self, *args):
+            self.num_layers = 8
+            self.llm = SimpleNamespace(llm_engine=SimpleNamespace(model_config=None))
+
+        def evaluate(self, mask):
+            skipped = set(space.coords([i for i, run in enumerate(mask.run_attn) if not run],
+                                       [i for i, run in enumerate(mask.run_mlp) if not run]))
+            return {"tokens_per_second": 1.0, "M": 1.0 + len(skipped & upper), "alpha": 0.5,
+                    "c": 0.5, "expected_speedup": 1.0, "seconds": 1.0, "kept_weights": 1}
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(search_tool, "Evaluator", FakeEvaluator)
+    monkeypatch.setattr(identity, "model_identity", lambda config: SMOLLM2)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("one\ntwo\n")
+    out = tmp_path / "profile.json"
+    args = SimpleNamespace(
+        model="unused", prompts=str(prompts), num_prompts=2, max_tokens=8, iterations=30,
+        objective="acceptance", skip_ratio=0.5, k=3, init="uniform", init_from=None, seed=0,
+        dtype="float32", max_model_len=256, resume=True, out=str(out), strategy="swaps")
+    profile = search_tool.run_search(args)
+
+    history = json.loads((tmp_path / "profile.json.search.json").read_text())["history"]
+    assert history[0]["coords"] == list(space.evenly_spread(6))
+    assert len({tuple(h["coords"]) for h in history}) == len(history) == 30
+    for i in range(1, len(history)):
+        best = max(history[:i], key=lambda h: h["value"])
+        assert len(set(history[i]["coords"]) - set(best["coords"])) == 1, i
+    # Six skipped sub-layers, all MLPs: M 7, reached by swaps.
+    assert history[0]["M"] < 7 and profile.objective["M"] == 7
+    assert profile.search["strategy"] == "swaps"
+
+    # Swaps keep the set's size: a free size is refused before any engine.
+    with pytest.raises(LayerSkipConfigError, match="--strategy swaps keeps the size"):
+        search_tool.run_search(SimpleNamespace(**{**vars(args), "objective": "proxy",
+                                                  "skip_ratio": None}))
