@@ -163,7 +163,9 @@ def test_swaps_strategy_climbs_one_swap_at_a_time_from_the_seed(tmp_path, monkey
     assert history[0]["M"] < 7 and profile.objective["M"] == 7
     assert profile.search["strategy"] == "swaps"
 
-    # Swaps keep the set's size: a free size is refused before any engine.
+    # Swaps keep the set's size and need a set to start from: refused before any engine.
     with pytest.raises(LayerSkipConfigError, match="--strategy swaps keeps the size"):
         search_tool.run_search(SimpleNamespace(**{**vars(args), "objective": "proxy",
                                                   "skip_ratio": None}))
+    with pytest.raises(LayerSkipConfigError, match="refines a starting set and was given none"):
+        search_tool.run_search(SimpleNamespace(**{**vars(args), "init": "none"}))
