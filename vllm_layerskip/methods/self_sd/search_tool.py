@@ -18,12 +18,13 @@ fixed draft length and scores the set:
 
 The Gaussian process and the suggestions are core.set_search.BayesianSetOptimizer.
 The first candidates are the seed sets (`--init uniform`: the evenly spread set)
-and a few random sets. `--strategy swaps` replaces the Gaussian process by a
-local search: from the best seed set, each candidate swaps one skipped
-sub-layer of the best set so far for a run one (on Qwen2.5-Coder-1.5B, float32,
-an evaluation takes minutes: too few for a Gaussian process over 52
-coordinates to get past random sets, enough to refine a set found otherwise). Every evaluation is appended to a checkpoint next to the
-output (`OUT.search.json`); a later run with the same settings resumes from it.
+and a few random sets. `--strategy swaps` replaces the random sets and the
+Gaussian process by a local search: each candidate swaps one skipped sub-layer
+of the best set so far for a run one (on Qwen2.5-Coder-1.5B, float32, an
+evaluation takes minutes: too few for a Gaussian process over 52 coordinates
+to get past random sets, enough to refine a set found otherwise). Every
+evaluation is appended to a checkpoint next to the output (`OUT.search.json`);
+a later run with the same settings resumes from it.
 Ctrl-C stops the search and still writes the profile of the best set so far.
 """
 
