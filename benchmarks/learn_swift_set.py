@@ -58,9 +58,6 @@ def main() -> None:
     parser.add_argument("--confirm-duels", type=int, default=2,
                         help="fresh windows a challenger must also win before it replaces "
                              "the best set (swift's default; 0: the paper's single duel)")
-    parser.add_argument("--neighbour-share", type=float,
-                        help="share of the non-Bayesian candidates that are one swap from "
-                             "the best set (swift's neighbour_share; default: swift's)")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--resume", metavar="STATE",
                         help="an earlier run's state file to go on from (copied to --out; "
@@ -94,8 +91,6 @@ def main() -> None:
             "patience": args.patience, "max_optimization_steps": args.max_steps,
             "acceptance_tolerance": 0.0, "reoptimize_below": 0.0,
             "max_score_tokens": args.max_score_tokens, "confirm_duels": args.confirm_duels}
-    if args.neighbour_share is not None:
-        spec["neighbour_share"] = args.neighbour_share
     llm = LLM(model=args.model or ensure_default_model(), speculative_config=spec, dtype=args.dtype,
               enforce_eager=True, max_model_len=2048, disable_log_stats=False, seed=0)
     questions = read_questions(args.prompts) if args.prompts else owned_prompts()
@@ -112,8 +107,7 @@ def main() -> None:
             print(f"round {round_ + 1}: {s['optimization_steps']} candidates scored, phase "
                   f"{s['phase']}, matchness best {s['best_matchness']:.3f} (initial set "
                   f"{_score(s['initial_matchness'])}), {s['improvements']} improvements ({s['challengers']} challengers, "
-                  f"{s['challengers_rejected']} turned down on fresh windows; "
-                  f"{s['neighbour_suggestions']} candidates one swap from the best set), "
+                  f"{s['challengers_rejected']} turned down on fresh windows), "
                   f"{time.perf_counter() - start:.0f} s", flush=True)
             if s["phase"] == "accelerating":  # the optimizer stopped
                 break

@@ -191,38 +191,6 @@ def test_patience_and_step_limit_end_optimization():
     assert search.stop_reason in ("step limit reached", "target matchness reached")
 
 
-def test_neighbour_candidates_are_one_swap_from_the_best_set_and_never_repeat():
-    space = SubLayerSpace(NUM_LAYERS)
-    harmless = space.random(np.random.default_rng(7), 6)
-    search = SwiftSearch(options(neighbour_share=1.0, target_matchness=0.99, patience=400),
-                         NUM_LAYERS, IDENTITY)
-    suggested = []  # (the best set when asked, the candidate)
-    suggest = search.jobs._suggest
-
-    def logged(count, source, best):
-        candidate = suggest(count, source, best)
-        suggested.append((best, candidate))
-        return candidate
-
-    search.jobs._suggest = logged
-    drive(search, FakeEngine(harmless), FakeRunner(), 400)
-    # Only the harmless set itself scores 1.0 > 0.99: the climb got there.
-    assert search.stop_reason == "target matchness reached", search.summary()
-    assert set(search.best) == set(harmless)
-    assert all(c.source == "neighbour" and len(c.coords) == 6
-               and len(set(c.coords) - set(best)) == 1 for best, c in suggested), suggested
-    coords = [c.coords for _, c in suggested]
-    assert len(set(coords)) == len(coords) and search.initial not in coords
-    assert search.summary()["neighbour_suggestions"] == len(suggested)
-
-    # At a share of 0.5, every other candidate that is not a Bayesian suggestion.
-    search = SwiftSearch(options(neighbour_share=0.5, bo_interval=5, patience=400,
-                                 max_optimization_steps=20), NUM_LAYERS, IDENTITY)
-    drive(search, FakeEngine(constant=0.3), FakeRunner(), 40)
-    s = search.summary()
-    assert (s["bayes_suggestions"], s["neighbour_suggestions"], s["random_suggestions"]) == (4, 8, 8), s
-
-
 def test_bayesian_suggestions_every_beta_steps():
     search = SwiftSearch(options(bo_interval=4, patience=400, max_optimization_steps=20),
                          NUM_LAYERS, IDENTITY)

@@ -28,10 +28,6 @@ class SwiftOptions(DraftingOptions):
     bo_interval: int = 25
     """beta: every beta-th candidate comes from Bayesian optimization, the
     others from random search."""
-    neighbour_share: float = 0.0
-    """Of the candidates not from Bayesian optimization, this share is the best
-    set so far with one skipped sub-layer swapped for a run one (never a set
-    already scored); the rest are random sets, as in the paper (0)."""
     max_optimization_steps: int = 1000
     """S: most candidates scored in one optimization phase."""
     patience: int = 300
@@ -86,7 +82,6 @@ class SwiftOptions(DraftingOptions):
             )
         check_int("context_window", self.context_window, minimum=1, unit="tokens")
         check_int("bo_interval", self.bo_interval, minimum=1, unit="optimization steps")
-        check_number("neighbour_share", self.neighbour_share, 0.0, 1.0)
         check_int("max_optimization_steps", self.max_optimization_steps, minimum=0, unit="steps")
         check_int("patience", self.patience, minimum=1, unit="optimization steps")
         check_number("target_matchness", self.target_matchness, 0.0, 1.0)

@@ -11,8 +11,7 @@ requests, so later requests start from what earlier ones taught):
    request, `max_score_tokens` in all) that the candidate draft predicts
    exactly, in ONE pass over those positions that reads the target's KV cache
    and writes none (DraftEngine.score). Every `bo_interval`-th candidate comes
-   from Bayesian optimization, the others from random search (or, with
-   `neighbour_share`, partly one-swap neighbours of the best set). A candidate that
+   from Bayesian optimization, the others from random search. A candidate that
    beats the best set's score is checked against the best set re-scored on the
    same tokens (scores from different text are not comparable) and replaces it
    if it still wins. Drafting uses the best set throughout.

@@ -37,7 +37,7 @@ SAVE_INTERVAL_S = 5.0
 @dataclass
 class _Candidate:
     coords: Coords
-    source: str  # "bayes" | "neighbour" | "random"
+    source: str  # "bayes" | "random"
 
 
 @dataclass
@@ -81,7 +81,6 @@ class SwiftSearch:
         # learn_swift_set_confirm2_lastwindow_gate_stopped.log).
         self._forget_best_scores()
         self.candidates_since_best_scored = 0
-        self.other_requests = 0  # candidates asked for that are not Bayesian suggestions
         self.candidate_requested = False  # asked for and not taken yet
         self.initial = self.best
         self.initial_matchness: list[float] = []  # scores of the initial set
@@ -314,14 +313,8 @@ class SwiftSearch:
         if self.candidate_requested:
             return
         self.candidate_requested = True
-        if (self.total_opt_steps + 1) % self.options.bo_interval == 0:
-            source = "bayes"
-        else:
-            # neighbour_share of these, spread evenly: at 0.5 every other one.
-            i, share = self.other_requests, self.options.neighbour_share
-            self.other_requests += 1
-            source = "neighbour" if int((i + 1) * share) > int(i * share) else "random"
-        self.worker.submit(("suggest", self.count, source, self.best))
+        use_bo = (self.total_opt_steps + 1) % self.options.bo_interval == 0
+        self.worker.submit(("suggest", self.count, "bayes" if use_bo else "random"))
 
     # ---- acceptance feedback --------------------------------------------------
 
@@ -547,7 +540,6 @@ class SwiftSearch:
             "worker_cpu_seconds": self.worker.cpu_seconds,
             "bayes_suggestions": self.jobs.num_bayes,
             "random_suggestions": self.jobs.num_random,
-            "neighbour_suggestions": self.jobs.num_neighbour,
             "phase_acceptance": acceptance,
             "mask_switch_steps": [step for step, _ in self.mask_log],
         }
@@ -564,8 +556,7 @@ class _OptimizerJobs:
         self.rng = np.random.default_rng(seed)
         self.seed = seed
         self.bo: BayesianSetOptimizer | None = None
-        self.scored: set[Coords] = set()  # every set a score was registered for
-        self.num_bayes = self.num_random = self.num_neighbour = 0
+        self.num_bayes = self.num_random = 0
         self.save_failed = False
 
     def run(self, job: tuple) -> _Candidate | None:
@@ -573,9 +564,8 @@ class _OptimizerJobs:
         maybe_delay("swift.optimizer", self.rank)
         if job[0] == "observe":
             self._optimizer().register(job[1], job[2])
-            self.scored.add(job[1])
         elif job[0] == "suggest":
-            return self._suggest(*job[1:])
+            return self._suggest(job[1], job[2])
         elif job[0] == "save":
             self._save(job[1], job[2])
         return None
@@ -593,14 +583,9 @@ class _OptimizerJobs:
             self.bo = BayesianSetOptimizer(self.space, self.seed)
         return self.bo
 
-    def _suggest(self, count: int, source: str, best: Coords) -> _Candidate:
+    def _suggest(self, count: int, source: str) -> _Candidate:
         if source == "bayes" and self._optimizer().num_observations:
             self.num_bayes += 1
             return _Candidate(self._optimizer().suggest(count), "bayes")
-        if source == "neighbour" and len(best) == count:
-            coords = self.space.neighbour(self.rng, best, self.scored)
-            if coords is not None:
-                self.num_neighbour += 1
-                return _Candidate(coords, "neighbour")
         self.num_random += 1
         return _Candidate(self.space.random(self.rng, count), "random")
