@@ -84,22 +84,6 @@ class SubLayerSpace:
     def random(self, rng: np.random.Generator, count: int) -> Coords:
         return tuple(sorted(int(c) for c in rng.choice(self.dim, size=count, replace=False)))
 
-    def neighbour(self, rng: np.random.Generator, coords: Coords, seen) -> Coords | None:
-        """A set one swap away from `coords` (one skipped sub-layer run, one run
-        sub-layer skipped) that is not in `seen`; None if 100 draws found none."""
-        skipped = list(coords)
-        kept = [c for c in range(self.dim) if c not in coords]
-        if not skipped or not kept:
-            return None
-        for _ in range(100):
-            out = set(skipped)
-            out.remove(skipped[rng.integers(len(skipped))])
-            out.add(kept[rng.integers(len(kept))])
-            candidate = tuple(sorted(out))
-            if candidate not in seen:
-                return candidate
-        return None
-
     def top(self, point, count: int) -> Coords:
         """The `count` largest coordinates of a suggested point (dict or array)."""
         values = np.array([point[n] for n in self.param_names]) if isinstance(point, dict) else np.asarray(point)

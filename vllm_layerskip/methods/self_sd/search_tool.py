@@ -273,9 +273,19 @@ def _best_coords(history: list[dict]) -> Coords:
 
 
 def _neighbour(space: SubLayerSpace, rng, coords: Coords, history: list[dict]) -> Coords:
-    """A set one swap away from `coords` not scored yet (a random set if none is left)."""
+    """A set one swap away from `coords` (one skipped sub-layer run, one run
+    sub-layer skipped) that has not been scored yet."""
     seen = {tuple(h["coords"]) for h in history}
-    return space.neighbour(rng, coords, seen) or space.random(rng, len(coords))
+    skipped = list(coords)
+    kept = [c for c in range(space.dim) if c not in coords]
+    for _ in range(100):
+        out = set(skipped)
+        out.remove(skipped[rng.integers(len(skipped))])
+        out.add(kept[rng.integers(len(kept))])
+        candidate = tuple(sorted(out))
+        if candidate not in seen:
+            return candidate
+    return space.random(rng, len(coords))
 
 
 def _seed_set(path: str, space: SubLayerSpace, count: int | None) -> Coords:
