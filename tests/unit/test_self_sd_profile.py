@@ -113,6 +113,38 @@ def test_acceptance_objective_ranks_by_m_alone_and_needs_a_fixed_size():
         run_search(args)
 
 
+def _skipped(space, mask) -> set:
+    """The search coordinates a mask skips."""
+    return set(space.coords([i for i, run in enumerate(mask.run_attn) if not run],
+                            [i for i, run in enumerate(mask.run_mlp) if not run]))
+
+
+def _fake_result(m: float) -> dict:
+    """What an evaluation returns, with mean acceptance length `m`."""
+    return {"tokens_per_second": 1.0, "M": m, "alpha": 0.5, "c": 0.5, "expected_speedup": 1.0,
+            "seconds": 1.0, "kept_weights": 1}
+
+
+def _fake_swaps_search(tmp_path, monkeypatch, evaluator, prompts: list[str], **options):
+    """`search --strategy swaps --objective acceptance` over 30 evaluations of an
+    8-layer model (12 coordinates, 6 skipped) by a fake evaluator, calibrating on
+    the first 2 prompts: (the arguments, the profile written)."""
+    from types import SimpleNamespace
+
+    import vllm_layerskip.core.identity as identity
+    from vllm_layerskip.methods.self_sd import search_tool
+
+    monkeypatch.setattr(search_tool, "Evaluator", evaluator)
+    monkeypatch.setattr(identity, "model_identity", lambda config: SMOLLM2)
+    (tmp_path / "prompts.txt").write_text("".join(p + "\n" for p in prompts))
+    args = SimpleNamespace(
+        model="unused", prompts=str(tmp_path / "prompts.txt"), num_prompts=2, max_tokens=8,
+        iterations=30, objective="acceptance", skip_ratio=0.5, k=3, init="uniform", init_from=None,
+        seed=0, dtype="float32", max_model_len=256, resume=True, out=str(tmp_path / "profile.json"),
+        strategy="swaps", **options)
+    return args, search_tool.run_search(args)
+
+
 def test_swaps_strategy_climbs_one_swap_at_a_time_from_the_seed(tmp_path, monkeypatch):
     """`--strategy swaps`: after the seed set, every candidate is the best set so
     far with one skipped sub-layer swapped for a run one, never a set already
@@ -121,7 +153,6 @@ def test_swaps_strategy_climbs_one_swap_at_a_time_from_the_seed(tmp_path, monkey
     import json
     from types import SimpleNamespace
 
-    import vllm_layerskip.core.identity as identity
     from vllm_layerskip.core.set_search import SubLayerSpace
     from vllm_layerskip.methods.self_sd import search_tool
 
@@ -134,24 +165,12 @@ def test_swaps_strategy_climbs_one_swap_at_a_time_from_the_seed(tmp_path, monkey
             self.llm = SimpleNamespace(llm_engine=SimpleNamespace(model_config=None))
 
         def evaluate(self, mask):
-            skipped = set(space.coords([i for i, run in enumerate(mask.run_attn) if not run],
-                                       [i for i, run in enumerate(mask.run_mlp) if not run]))
-            return {"tokens_per_second": 1.0, "M": 1.0 + len(skipped & upper), "alpha": 0.5,
-                    "c": 0.5, "expected_speedup": 1.0, "seconds": 1.0, "kept_weights": 1}
+            return _fake_result(1.0 + len(_skipped(space, mask) & upper))
 
         def close(self):
             pass
 
-    monkeypatch.setattr(search_tool, "Evaluator", FakeEvaluator)
-    monkeypatch.setattr(identity, "model_identity", lambda config: SMOLLM2)
-    prompts = tmp_path / "prompts.txt"
-    prompts.write_text("one\ntwo\n")
-    out = tmp_path / "profile.json"
-    args = SimpleNamespace(
-        model="unused", prompts=str(prompts), num_prompts=2, max_tokens=8, iterations=30,
-        objective="acceptance", skip_ratio=0.5, k=3, init="uniform", init_from=None, seed=0,
-        dtype="float32", max_model_len=256, resume=True, out=str(out), strategy="swaps")
-    profile = search_tool.run_search(args)
+    args, profile = _fake_swaps_search(tmp_path, monkeypatch, FakeEvaluator, ["one", "two"])
 
     history = json.loads((tmp_path / "profile.json.search.json").read_text())["history"]
     assert history[0]["coords"] == list(space.evenly_spread(6))
@@ -169,3 +188,60 @@ def test_swaps_strategy_climbs_one_swap_at_a_time_from_the_seed(tmp_path, monkey
                                                   "skip_ratio": None}))
     with pytest.raises(LayerSkipConfigError, match="refines a starting set and was given none"):
         search_tool.run_search(SimpleNamespace(**{**vars(args), "init": "none"}))
+
+
+def test_validation_prompts_choose_among_the_best_sets(tmp_path, monkeypatch):
+    """`--validate-prompts N`: the `--validate-top` best sets on calibration are
+    scored again on the N prompts after the calibration prompts, and the profile
+    takes the best there. The fake evaluator's best calibration set (all six MLPs
+    skipped) is fitted to the calibration prompts: it scores lowest on the others."""
+    import json
+    from types import SimpleNamespace
+
+    from vllm_layerskip.core.set_search import SubLayerSpace
+    from vllm_layerskip.methods.self_sd import search_tool
+
+    space = SubLayerSpace(8)
+    upper = set(range(space.dim // 2, space.dim))
+    seen = {}
+
+    class FakeEvaluator:
+        def __init__(self, model, prompts, k, max_tokens, dtype, max_model_len, validation_prompts=()):
+            seen["calibration"], seen["validation"], seen["validated"] = prompts, validation_prompts, []
+            self.num_layers = 8
+            self.llm = SimpleNamespace(llm_engine=SimpleNamespace(model_config=None))
+
+        def evaluate(self, mask, validation=False):
+            skipped = _skipped(space, mask)
+            m = 1.0 + len(skipped & upper)
+            if validation:
+                seen["validated"].append(sorted(skipped))
+                m = 1.0 if skipped == upper else m
+            return _fake_result(m)
+
+        def close(self):
+            pass
+
+    args, profile = _fake_swaps_search(tmp_path, monkeypatch, FakeEvaluator,
+                                       ["one", "two", "three", "four", "five"],
+                                       validate_prompts=3, validate_top=4)
+
+    assert seen["calibration"] == ["one", "two"] and seen["validation"] == ["three", "four", "five"]
+    history = json.loads((tmp_path / "profile.json.search.json").read_text())["history"]
+    ranked = sorted(history, key=lambda h: -h["value"])
+    # The 4 best distinct sets on calibration, best first, each scored once.
+    assert seen["validated"] == [h["coords"] for h in ranked[:4]]
+    assert seen["validated"][0] == sorted(upper)
+    record = profile.search["validation"]
+    assert record["num_prompts"] == 3 and record["top"] == 4
+    assert [s["calibration_value"] for s in record["sets"]] == [h["value"] for h in ranked[:4]]
+    assert record["sets"][0]["M"] == 1.0
+    # Chosen: a set best on the further prompts, not the calibration's best.
+    chosen = space.coords(profile.skip_attn, profile.skip_mlp)
+    assert list(chosen) != sorted(upper) and list(chosen) in seen["validated"]
+    assert profile.objective["M"] == 6.0 == max(s["M"] for s in record["sets"])
+
+    with pytest.raises(LayerSkipConfigError, match="the prompt file has 5 prompts, 3 after the 2"):
+        search_tool.run_search(SimpleNamespace(**{**vars(args), "validate_prompts": 4}))
+    with pytest.raises(LayerSkipConfigError, match="--validate-top T >= 1"):
+        search_tool.run_search(SimpleNamespace(**{**vars(args), "validate_top": 0}))
