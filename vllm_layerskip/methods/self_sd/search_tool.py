@@ -238,39 +238,42 @@ def run_search(args) -> SkipProfile:
     start = time.perf_counter()
     bar = tqdm(total=args.iterations, initial=min(len(history), args.iterations),
                desc="skip-set search", file=sys.stdout)
-    try:  # the evaluator is closed whatever happens
-        try:
-            while len(history) < args.iterations:
-                i = len(history)
-                if i < len(seeds):
-                    coords = seeds[i]
-                elif strategy == "swaps":
-                    coords = _neighbour(space, rng, _best_coords(history), history)
-                elif i < len(seeds) + RANDOM_STARTS or bo.num_observations == 0:
-                    coords = _random_set(space, rng, count)
-                else:
-                    coords = bo.suggest(count) if count else _free_suggestion(bo, space)
-                if any(tuple(h["coords"]) == coords for h in history):
-                    # Greedy evaluation is deterministic: a set already scored would
-                    # score the same. Try a neighbour of the best set instead.
-                    coords = _neighbour(space, rng, _best_coords(history), history)
-                result = evaluator.evaluate(space.mask(coords))
-                history.append({"coords": list(coords), **result})
-                _rescore(args.objective, history)
-                bo.register(coords, history[-1]["value"])
-                value = history[-1]["value"]
-                _save_checkpoint(checkpoint, settings, history)
-                best = max(history, key=lambda h: h["value"])
-                bar.update(1)
-                bar.set_postfix(best=f"{best['value']:.3f}", last=f"{value:.3f}",
-                                M=f"{best['M']:.2f}", alpha=f"{best['alpha']:.2f}")
-        except KeyboardInterrupt:
-            print("\nstopped: writing the profile of the best set so far", flush=True)
+    try:
+        while len(history) < args.iterations:
+            i = len(history)
+            if i < len(seeds):
+                coords = seeds[i]
+            elif strategy == "swaps":
+                coords = _neighbour(space, rng, _best_coords(history), history)
+            elif i < len(seeds) + RANDOM_STARTS or bo.num_observations == 0:
+                coords = _random_set(space, rng, count)
+            else:
+                coords = bo.suggest(count) if count else _free_suggestion(bo, space)
+            if any(tuple(h["coords"]) == coords for h in history):
+                # Greedy evaluation is deterministic: a set already scored would
+                # score the same. Try a neighbour of the best set instead.
+                coords = _neighbour(space, rng, _best_coords(history), history)
+            result = evaluator.evaluate(space.mask(coords))
+            history.append({"coords": list(coords), **result})
+            _rescore(args.objective, history)
+            bo.register(coords, history[-1]["value"])
+            value = history[-1]["value"]
+            _save_checkpoint(checkpoint, settings, history)
+            best = max(history, key=lambda h: h["value"])
+            bar.update(1)
+            bar.set_postfix(best=f"{best['value']:.3f}", last=f"{value:.3f}",
+                            M=f"{best['M']:.2f}", alpha=f"{best['alpha']:.2f}")
+    except KeyboardInterrupt:
+        print("\nstopped: writing the profile of the best set so far", flush=True)
+    except BaseException:  # any other exit: nothing to validate, the engine closed
+        evaluator.close()
+        raise
+    finally:
         bar.close()
+    try:
         validated = _validate(evaluator, space, history, args.objective,
                               validate_top) if validation and history else []
     finally:
-        bar.close()
         evaluator.close()
     if not history:
         raise SystemExit("no evaluation finished; nothing to write")
