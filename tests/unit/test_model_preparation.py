@@ -8,6 +8,7 @@ import errno
 import hashlib
 import json
 import os
+import time
 import zipfile
 
 import numpy as np
@@ -462,7 +463,47 @@ def test_ensure_model_builds_once_then_returns_the_cached_copy(tmp_path, monkeyp
     assert path == str(tmp_path / "Toy-1M") and os.path.isfile(os.path.join(path, "config.json"))
     assert prepare_model.ensure_model("toy-1m", cache_dir=str(tmp_path), quiet=True) == path
     assert len(builds) == 1
-    assert sorted(os.listdir(tmp_path)) == ["Toy-1M"]  # no temporary or work directory left
+    # no temporary or work directory left; the (empty) lock file stays
+    assert sorted(os.listdir(tmp_path)) == [".Toy-1M.lock", "Toy-1M"]
+
+
+def test_a_second_preparation_waits_for_the_first_and_builds_nothing(tmp_path, monkeypatch,
+                                                                       capsys):
+    # Two installs side by side once shared the work directory; the first to finish
+    # deleted it under the second. The second must wait and take the first's model.
+    import threading
+
+    builds, started, release = [], threading.Event(), threading.Event()
+
+    def build(out_dir, work_dir, log):
+        builds.append(out_dir)
+        started.set()
+        assert release.wait(60)
+        with open(os.path.join(out_dir, "config.json"), "w") as f:
+            f.write("{}")
+
+    _toy_catalog(monkeypatch, build)
+    results = {}
+
+    def prepare(who, quiet):
+        results[who] = prepare_model.ensure_model("toy-1m", cache_dir=str(tmp_path), quiet=quiet)
+
+    first = threading.Thread(target=prepare, args=("first", True))
+    first.start()
+    assert started.wait(60)
+    second = threading.Thread(target=prepare, args=("second", False))
+    second.start()
+    printed, deadline = "", time.monotonic() + 60
+    while "waiting for it" not in printed and time.monotonic() < deadline:
+        time.sleep(0.05)
+        printed += capsys.readouterr().out
+    release.set()
+    first.join(60)
+    second.join(60)
+    assert (f"[vllm_layerskip] another process is preparing Toy-1M in {tmp_path}; waiting for "
+            f"it (lock: {tmp_path}/.Toy-1M.lock)") in printed
+    assert len(builds) == 1
+    assert results == {"first": str(tmp_path / "Toy-1M"), "second": str(tmp_path / "Toy-1M")}
 
 
 def test_a_failed_build_leaves_no_model_that_later_loads(tmp_path, monkeypatch):

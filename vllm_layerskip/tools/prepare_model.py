@@ -21,8 +21,10 @@ model under the final name, and a second call returns the cached one at once.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import errno
+import fcntl
 import functools
 import hashlib
 import importlib.util
@@ -263,6 +265,32 @@ def ensure_model(name: str = DEFAULT_MODEL, cache_dir: str | None = None,
         return final_dir
 
     os.makedirs(root, exist_ok=True)
+    with _preparation_lock(root, model.directory, log):
+        if _is_complete(final_dir, source):
+            return final_dir  # the process we waited for prepared it
+        return _prepare(name, model, source, root, final_dir, log)
+
+
+@contextlib.contextmanager
+def _preparation_lock(root: str, directory: str, log):
+    """One preparation of a model per cache directory at a time. Two at once (two
+    installs started side by side, CI beside a user) shared the work directory, and the
+    first to finish deleted it under the other, which then failed reading the tokenizer
+    from it. The second now waits, then finds the model ready. The lock file stays (an
+    empty file; deleting it would let a third process lock a new file beside a waiter)."""
+    path = os.path.join(root, f".{directory}.lock")
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"another process is preparing {directory} in {root}; waiting for it "
+                f"(lock: {path})")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        yield  # closing the file releases the lock
+
+
+def _prepare(name: str, model: KnownModel, source: str, root: str, final_dir: str,
+             log) -> str:
     work_dir = os.path.join(root, f".{model.directory}.work")  # kept across failed runs
     os.makedirs(work_dir, exist_ok=True)
     # Work in a temp dir on the same filesystem so the final rename is atomic:
