@@ -94,6 +94,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-engines", type=int, default=0,
                    help="engines alive at once (0: as many as free memory holds). With more "
                         "configurations, they run in groups, each with its own plain engine")
+    p.add_argument("--sequential", action="store_true",
+                   help="one engine alive at a time, each configuration after plain on the same "
+                        "prompts (not interleaved): for engines two of which do not fit in "
+                        "memory (the 1.5B model in float32 here, ~11.5 GiB each). Machine drift "
+                        "then enters the speedups; plain_control measures how much")
     p.add_argument("--settle", type=float, default=0.25,
                    help="seconds after each turn before the next engine runs")
     p.add_argument("--out", default=os.path.join("benchmarks", "results"))
@@ -253,20 +258,28 @@ def main() -> None:
 
     per_engine = ENGINE_GIB_BESIDES_KV + float(os.environ["VLLM_CPU_KVCACHE_SPACE"])
     max_engines = args.max_engines or engines_that_fit(MEMORY_RESERVE_GIB, per_engine)
-    if max_engines < 2:
+    if args.sequential:
+        # Every configuration in a group of its own, paired with plain's turns as if one
+        # group (below): speedups against the one plain engine, run first. The A/A
+        # control runs last, so that it measures the machine's drift over the whole run.
+        groups = [[c] for c in sorted(runnable, key=lambda c: c.family == "control")]
+    elif max_engines < 2:
         sys.exit(f"free memory holds {max_engines} engine(s) of ~{per_engine:.1f} GiB; at least "
-                 "2 are needed (plain and one method). Free memory or lower --kv-cache-gib.")
-    groups = engine_groups(runnable, max_engines)
+                 "2 are needed (plain and one method). Free memory, lower --kv-cache-gib, or "
+                 "give --sequential (one engine at a time, not interleaved).")
+    else:
+        groups = engine_groups(runnable, max_engines)
     info = report.machine_info(args, model)
+    alive = "one engine alive at a time" if args.sequential else f"at most {max_engines}"
     print(f"{len(runnable)} configurations in {len(groups)} group(s) of engines alive at once "
-          f"(at most {max_engines}); workloads: {', '.join(w.label for w, _ in workloads)}",
-          flush=True)
+          f"({alive}); workloads: {', '.join(w.label for w, _ in workloads)}", flush=True)
 
     turns, failed, engines_info, final_stats, prompts, started = [], {}, {}, {}, {}, []
     warmup: list[int] = []
     total = sum(len(blocks) * len(group) for group in groups for _, blocks in workloads)
     bar = None  # made once the first engines are up, so its rate and ETA are the turns'
     for g, group in enumerate(groups):
+        g = 0 if args.sequential else g  # the group whose plain engine a turn is paired with
         engines = start_engines(group, g, args, model, failed, started,
                                 bar.write if bar else lambda m: print(m, flush=True))
         if bar is None:

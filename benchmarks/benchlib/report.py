@@ -99,9 +99,13 @@ def header(args, info: dict, workloads, n_engines: int, groups: int) -> str:
         + (f" ({args.batch_size} per call)" if args.batch_size > 1 else "")
         + f". Concurrent: {args.rounds} batch(es) of N questions drawn across categories, "
         "submitted at once. "
-        f"{n_engines} engines, kept alive all run, in {groups} group(s) (speedups within a "
-        "group); configurations take turns on the same prompts, per category/batch, in a "
-        "balanced order (Williams Latin square).",
+        + (f"{n_engines} engines, one alive at a time (--sequential), plain first: every "
+         "configuration ran the same prompts after plain, not interleaved with it, so a "
+         "change of the machine's speed over the run enters the speedups (the A/A control, "
+         "if run, ran last and measures it)." if getattr(args, "sequential", False) else
+         f"{n_engines} engines, kept alive all run, in {groups} group(s) (speedups within a "
+         "group); configurations take turns on the same prompts, per category/batch, in a "
+         "balanced order (Williams Latin square)."),
     ]
     return "\n".join(lines)
 
@@ -285,8 +289,10 @@ def markdown(args, info, workloads, configs, rows, skipped, failed, final_stats,
             ran = "; ".join(f"{r['speedup']:.2f}x plain (TPOT {fmt(r['tpot_speedup'])}x)"
                             + (f" in group {r['group'] + 1}" if len(controls) > 1 else "")
                             for r in controls)
-            parts += [f"Noise floor: the A/A control, a second plain engine in each group of "
-                      f"engines, ran at {ran}; differences of that size between configurations "
+            where = ("run last (--sequential: what the machine's drift alone does)"
+                     if getattr(args, "sequential", False) else "in each group of engines")
+            parts += [f"Noise floor: the A/A control, a second plain engine {where}, "
+                      f"ran at {ran}; differences of that size between configurations "
                       "are not significant.", ""]
         if w.latency:
             parts += ["Speedup by category:", "",
@@ -306,7 +312,7 @@ def markdown(args, info, workloads, configs, rows, skipped, failed, final_stats,
                       "(chi-square against plain decoding).", ""]
     parts += [
         "Columns: tok/s = output tokens / seconds in generate; speedup = over plain on the same "
-        "prompts, interleaved; 95% interval = of the speedup, paired bootstrap over the "
+        "prompts (interleaved unless --sequential); 95% interval = of the speedup, paired bootstrap over the "
         "questions (batch 1, resampled within each category) or batches (concurrent, with "
         "--rounds 2 or more); TPOT speedup = the same for the time per output token after the "
         "first (prefill excluded); M = 1 + accepted/drafts; alpha = accepted/drafted tokens; "
