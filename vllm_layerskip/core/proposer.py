@@ -12,6 +12,7 @@ import time
 import numpy as np
 
 from vllm_layerskip.core.cost_model import DraftLengthPolicy
+from vllm_layerskip.core.cpu_dtype import bf16_without_arithmetic_warning, cpu_flags
 from vllm_layerskip.core.draft_engine import (
     DraftEngine,
     DraftRequests,
@@ -79,12 +80,23 @@ class LayerSkipProposerBase:
 
     def load_model(self, target_model) -> None:
         identity = model_identity(self.vllm_config.model_config)
+        self._warn_if_bf16_cannot_pay()
         self.engine.load_model(target_model, self.options.draft_token_ids(identity))
         if self.engine.head.pruned:
             logger.info("vllm-layerskip %s: drafts score %d of %d token ids (draft vocabulary %s)",
                         self.method, self.engine.head.token_ids.numel(), identity.vocab_size,
                         self.options.draft_vocab or "shipped")
         self.on_model_loaded()
+
+    def _warn_if_bf16_cannot_pay(self) -> None:
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu():
+            return
+        dtype = str(self.vllm_config.model_config.dtype).replace("torch.", "")
+        warning = bf16_without_arithmetic_warning(dtype, cpu_flags())
+        if warning:
+            logger.warning("vllm-layerskip %s: %s", self.method, warning)
 
     def on_model_loaded(self) -> None:
         """Hook for subclasses: the model's layer count is known from here on."""
