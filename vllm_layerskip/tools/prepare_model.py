@@ -315,15 +315,8 @@ def _prepare(name: str, model: KnownModel, source: str, root: str, final_dir: st
         for entry in os.listdir(tmp_dir):
             os.chmod(os.path.join(tmp_dir, entry), 0o644)
         if os.path.isdir(final_dir):
-            if _is_complete(final_dir, source):
-                return final_dir  # another process finished first
-            shutil.rmtree(final_dir)  # stale or from a different source
-        try:
-            os.rename(tmp_dir, final_dir)
-        except OSError:
-            # Lost a race with a concurrent preparation; use theirs if it is good.
-            if not _is_complete(final_dir, source):
-                raise
+            shutil.rmtree(final_dir)  # stale or from a different source (checked under the lock)
+        os.rename(tmp_dir, final_dir)  # no other preparation runs: _preparation_lock
         shutil.rmtree(work_dir, ignore_errors=True)
         log(f"done in {time.time() - start:.1f} s")
         return final_dir
