@@ -26,7 +26,7 @@ from dataclasses import asdict
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from benchlib.configs import (DEFAULT_METHODS, METHODS, build_configs, engine_groups,  # noqa: E402
-                              model_config)
+                              model_config, sequential_groups)
 from benchlib.workloads import (Workload, categories_in_order, concurrent_blocks,  # noqa: E402
                                 latency_blocks, load_questions, schedule, warmup_questions)
 
@@ -259,10 +259,7 @@ def main() -> None:
     per_engine = ENGINE_GIB_BESIDES_KV + float(os.environ["VLLM_CPU_KVCACHE_SPACE"])
     max_engines = args.max_engines or engines_that_fit(MEMORY_RESERVE_GIB, per_engine)
     if args.sequential:
-        # Every configuration in a group of its own, paired with plain's turns as if one
-        # group (below): speedups against the one plain engine, run first. The A/A
-        # control runs last, so that it measures the machine's drift over the whole run.
-        groups = [[c] for c in sorted(runnable, key=lambda c: c.family == "control")]
+        groups = sequential_groups(runnable)  # turns paired with group 0's plain (below)
     elif max_engines < 2:
         sys.exit(f"free memory holds {max_engines} engine(s) of ~{per_engine:.1f} GiB; at least "
                  "2 are needed (plain and one method). Free memory, lower --kv-cache-gib, or "

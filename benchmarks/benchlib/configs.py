@@ -269,3 +269,12 @@ def engine_groups(configs: list[Config], max_alive: int) -> list[list[Config]]:
     per_group = max(1, max_alive - 1 - len(controls))
     chunks = [others[i:i + per_group] for i in range(0, len(others), per_group)] or [[]]
     return [[plain, *controls, *chunk] for chunk in chunks]
+
+
+def sequential_groups(configs: list[Config]) -> list[list[Config]]:
+    """One engine alive at a time (`--sequential`, for engines of which two do not
+    fit: the 1.5B model in float32 is ~11.4 GiB): every configuration in a group
+    of its own, plain first, the A/A control last so that it measures the
+    machine's drift over the whole run. The caller pairs every turn with the first
+    group's plain engine."""
+    return [[c] for c in sorted(configs, key=lambda c: c.family == "control")]

@@ -148,6 +148,20 @@ def test_every_engine_group_has_plain_and_the_aa_control():
     assert plain_name(1, control.name) == "plain (A/A control) [group 2]"
 
 
+def test_sequential_groups_run_plain_first_and_the_control_last():
+    # --sequential: one engine alive at a time; every speedup is against the one
+    # plain engine, and the control, last, spans the whole run's drift.
+    from benchlib.configs import Config, sequential_groups
+
+    plain = Config("plain", "plain", None, family="plain")
+    control = Config("plain (A/A control)", "plain", None, family="control")
+    methods = [Config(m, m, {"method": m}) for m in ("ngram", "self_sd", "swift")]
+    groups = sequential_groups([plain, control, *methods])
+    assert [[c.name for c in g] for g in groups] == [
+        ["plain"], ["ngram"], ["self_sd"], ["swift"], ["plain (A/A control)"]]
+    assert sequential_groups([plain, *methods[:1]]) == [[plain], [methods[0]]]
+
+
 def test_identity_padded_model_computes_the_base_model(tiny_model_dir):
     # The benchmark's sanity model for "a fixed draft length beats plain": an
     # identity layer after each layer leaves the logits bit for bit the base
