@@ -89,10 +89,11 @@ class LayerSkipProposerBase:
         self.on_model_loaded()
 
     def _warn_if_bf16_cannot_pay(self) -> None:
+        from vllm.distributed import get_tensor_model_parallel_rank
         from vllm.platforms import current_platform
 
-        if not current_platform.is_cpu():
-            return
+        if not current_platform.is_cpu() or get_tensor_model_parallel_rank() != 0:
+            return  # one warning per engine, not one per tensor-parallel rank
         dtype = str(self.vllm_config.model_config.dtype).replace("torch.", "")
         warning = bf16_without_arithmetic_warning(dtype, cpu_flags())
         if warning:
