@@ -232,6 +232,7 @@ def main() -> None:
     os.makedirs(out_dir, exist_ok=True)
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get(
         "VLLM_CPU_KVCACHE_SPACE", str(args.kv_cache_gib)))
+    env.setdefault("NUMBA_THREADING_LAYER", "workqueue")  # ngram at its best: bench_methods.py says why
     if os.path.isfile(IOMP_PATH) and "libiomp" not in env.get("LD_PRELOAD", ""):
         env["LD_PRELOAD"] = ":".join(filter(None, [IOMP_PATH, env.get("LD_PRELOAD", "")]))
 
