@@ -21,9 +21,12 @@ PROMPTS = ["Write a short poem about autumn leaves falling in a quiet park.",
 def main() -> None:
     from vllm import LLM, SamplingParams
 
+    from vllm_layerskip.tools.prepare_model import ensure_model
+
     method = sys.argv[1] if len(sys.argv) > 1 else "ngram"
-    model = sys.argv[2] if len(sys.argv) > 2 else os.path.expanduser(
-        "~/.cache/vllm_layerskip/Qwen2.5-Coder-1.5B-Instruct")
+    # A checkpoint directory, or the prepared Qwen model (honours VLLM_LAYERSKIP_CACHE;
+    # prepared first if missing, as `vllm-layerskip prepare-model` does).
+    model = sys.argv[2] if len(sys.argv) > 2 else ensure_model("qwen2.5-coder-1.5b", quiet=True)
     spec = None if method == "plain" else {"method": "ngram", "num_speculative_tokens": 8,
                                            "prompt_lookup_max": 4, "prompt_lookup_min": 2}
     llm = LLM(model, dtype="float32", enforce_eager=True, max_model_len=2048,
