@@ -103,7 +103,7 @@ def header(args, info: dict, workloads, n_engines: int, groups: int) -> str:
         + (f"{n_engines} engines, one alive at a time (--sequential), plain first: every "
          "configuration ran the same prompts after plain, not interleaved with it, so a "
          "change of the machine's speed over the run enters the speedups (the A/A control, "
-         "if run, ran last and measures it)." if getattr(args, "sequential", False) else
+         "if run, ran last and measures it)." if args.sequential else
          f"{n_engines} engines, kept alive all run, in {groups} group(s) (speedups within a "
          "group); configurations take turns on the same prompts, per category/batch, in a "
          "balanced order (Williams Latin square)."),
@@ -291,7 +291,7 @@ def markdown(args, info, workloads, configs, rows, skipped, failed, final_stats,
                             + (f" in group {r['group'] + 1}" if len(controls) > 1 else "")
                             for r in controls)
             where = ("run last (--sequential: what the machine's drift alone does)"
-                     if getattr(args, "sequential", False) else "in each group of engines")
+                     if args.sequential else "in each group of engines")
             parts += [f"Noise floor: the A/A control, a second plain engine {where}, "
                       f"ran at {ran}; differences of that size between configurations "
                       "are not significant.", ""]
