@@ -229,6 +229,8 @@ def main() -> None:
     # ngram decoded at 0.96-1.18 s a token against plain's 0.64, at 0.68-0.70 with the
     # workqueue layer (2026-11-27). The comparison is against ngram at its best.
     os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
+    from vllm_layerskip.tools.cpu_threads import bind_every_core
+    bind_every_core()  # vLLM keeps a core back for its engine process: half of 2 cores
     if not args.verbose:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its start-up warnings are noise here
 

@@ -33,6 +33,7 @@ from benchlib.configs import DEFAULT_METHODS, METHODS, build_configs, engine_gro
 from benchlib.figures import plain_name  # noqa: E402
 from benchlib.engines import engines_that_fit  # noqa: E402
 from benchlib.workloads import williams_orders  # noqa: E402
+from vllm_layerskip.tools.cpu_threads import bind_every_core  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VLLM = os.path.join(os.path.dirname(sys.executable), "vllm")
@@ -139,8 +140,10 @@ def start_servers(group, g, args, model, env, out_dir, commands, failed) -> dict
         name = plain_name(g, config.name) if config.family in ("plain", "control") else config.name
         port = args.port + i
         cmd = server_command(args, model, port, config.spec)
+        bind = env.get("VLLM_CPU_OMP_THREADS_BIND")
         commands.append(f"LD_PRELOAD={env.get('LD_PRELOAD', '')} VLLM_CPU_KVCACHE_SPACE="
-                        f"{env['VLLM_CPU_KVCACHE_SPACE']} {shlex.join(cmd)}")
+                        f"{env['VLLM_CPU_KVCACHE_SPACE']} "
+                        + (f"VLLM_CPU_OMP_THREADS_BIND={bind} " if bind else "") + shlex.join(cmd))
         log_path = os.path.join(out_dir, f"server_g{g}_{port}.log")
         print(f"starting {name} on port {port}: {shlex.join(cmd[1:])}", flush=True)
         proc = subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
@@ -233,6 +236,7 @@ def main() -> None:
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get(
         "VLLM_CPU_KVCACHE_SPACE", str(args.kv_cache_gib)))
     env.setdefault("NUMBA_THREADING_LAYER", "workqueue")  # ngram at its best: bench_methods.py says why
+    bind_every_core(env)  # each server's worker gets every core of a small machine, as in bench_methods
     if os.path.isfile(IOMP_PATH) and "libiomp" not in env.get("LD_PRELOAD", ""):
         env["LD_PRELOAD"] = ":".join(filter(None, [IOMP_PATH, env.get("LD_PRELOAD", "")]))
 

@@ -79,6 +79,7 @@ def machine_info(args, model: str) -> dict:
         "LD_PRELOAD": os.environ.get("LD_PRELOAD", ""),
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE"),
         "NUMBA_THREADING_LAYER": os.environ.get("NUMBA_THREADING_LAYER"),
+        "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND"),
         "args": {k: v for k, v in vars(args).items() if k != "model_path"},
     }
 
@@ -90,7 +91,8 @@ def header(args, info: dict, workloads, n_engines: int, groups: int) -> str:
         f"{os.path.basename(info['model'])}, {info['date']}: {info['cpu']} x{info['cpu_count']} "
         f"cores, {info.get('cpu_vector_isa', 'vector ISA not recorded')}, {info['memory_gib']} GiB, vllm {info['vllm']}, torch {info['torch']}, "
         f"dtype={args.dtype}, K={args.k}, max_tokens={args.max_tokens}, "
-        f"libiomp preloaded={iomp}, numba threading layer {info.get('NUMBA_THREADING_LAYER') or 'default'}, KV cache {info['VLLM_CPU_KVCACHE_SPACE']} GiB per engine, "
+        f"libiomp preloaded={iomp}, numba threading layer {info.get('NUMBA_THREADING_LAYER') or 'default'}, "
+        f"worker cores {info.get('VLLM_CPU_OMP_THREADS_BIND') or 'vLLM auto (one kept back)'}, KV cache {info['VLLM_CPU_KVCACHE_SPACE']} GiB per engine, "
         f"load average at start {info['load_average_at_start'][0]:.1f}",
         "",
         f"Command: `{info['command']}`",
