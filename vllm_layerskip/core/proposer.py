@@ -181,6 +181,7 @@ class LayerSkipProposerBase:
         self._maybe_log()
         self._maybe_write_status()
         self._last_end = time.perf_counter()
+        self.stats.propose_seconds += self._last_end - start
         return result
 
     def _plan_step(self, requests: DraftRequests, copied, has_copy, room, scheduler_output):
@@ -413,6 +414,9 @@ class ProposerStats:
         self.verified = {"self": [0, 0], "lookup": [0, 0], "continuation": [0, 0]}
         self.num_rows_run = 0  # rows the draft forwards ran (>= tokens: early exit)
         self.draft_seconds = 0.0
+        # All of propose_from_runner, draft passes included: less draft_seconds,
+        # the proposer's own per-step work (bookkeeping, lookup, the cost model).
+        self.propose_seconds = 0.0
         self.draft_failures = 0  # draft passes that raised (the step ran without drafts)
         self.last_draft_error: str | None = None
 
