@@ -87,6 +87,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="each plugin method with prompt lookup on (prompt_lookup_max 4, _min 2), "
                         "off, and/or as the plugin's default")
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--compile", action="store_true",
+                   help="vLLM's default model compilation (torch.compile, inductor on CPU), "
+                        "as `vllm serve` runs without --enforce-eager; default: eager, as the "
+                        "tests run (engines start in ~20 s instead of 1-3 min). The plugin's "
+                        "draft passes run eagerly either way (core/model_adapter.py)")
     p.add_argument("--batch-size", type=int, default=1,
                    help="batch-1 mode: prompts of a category per generate call")
     p.add_argument("--kv-cache-gib", type=int, default=1,
@@ -141,7 +146,7 @@ def start_engines(group, g: int, args, model: str, failed: dict, started: list, 
     from benchlib.engines import Engine
     from benchlib.figures import plain_name
 
-    llm_kwargs = dict(dtype=args.dtype, enforce_eager=True, max_model_len=2048, seed=0)
+    llm_kwargs = dict(dtype=args.dtype, enforce_eager=not args.compile, max_model_len=2048, seed=0)
     engines = []
     for config in group:
         if config.family in ("plain", "control") and g:

@@ -90,8 +90,8 @@ def header(args, info: dict, workloads, n_engines: int, groups: int) -> str:
     lines = [
         f"{os.path.basename(info['model'])}, {info['date']}: {info['cpu']} x{info['cpu_count']} "
         f"cores, {info.get('cpu_vector_isa', 'vector ISA not recorded')}, {info['memory_gib']} GiB, vllm {info['vllm']}, torch {info['torch']}, "
-        f"dtype={args.dtype}, K={args.k}, max_tokens={args.max_tokens}, "
-        f"libiomp preloaded={iomp}, numba threading layer {info.get('NUMBA_THREADING_LAYER') or 'default'}, "
+        f"dtype={args.dtype}, {'compiled' if getattr(args, 'compile', False) else 'eager'}, "
+        f"K={args.k}, max_tokens={args.max_tokens}, libiomp preloaded={iomp}, numba threading layer {info.get('NUMBA_THREADING_LAYER') or 'default'}, "
         f"worker cores {info.get('VLLM_CPU_OMP_THREADS_BIND') or 'vLLM auto (one kept back)'}, KV cache {info['VLLM_CPU_KVCACHE_SPACE']} GiB per engine, "
         f"load average at start {info['load_average_at_start'][0]:.1f}",
         "",
