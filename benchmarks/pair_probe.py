@@ -56,7 +56,7 @@ def main(argv=None) -> None:
     from vllm_layerskip.tools.cpu_threads import bind_every_core
 
     bind_every_core(os.environ)
-    from benchlib.configs import Config
+    from benchlib.configs import Config, plugin_methods_available
     from benchlib.engines import Engine
     from vllm import SamplingParams
 
@@ -69,7 +69,8 @@ def main(argv=None) -> None:
     for label, text, compiled in (("A", args.a, args.compile_a), ("B", args.b, args.compile_b)):
         spec = spec_of(text, args.k)
         method = spec["method"] if spec else "plain"
-        family = "plain" if spec is None else ("vllm" if method in ("ngram", "suffix") else "plugin")
+        family = ("plain" if spec is None
+                  else "plugin" if method in plugin_methods_available() else "vllm")
         name = f"{label}: {method}{' compiled' if compiled else ''}"
         engine = Engine(Config(name=name, method=method, spec=spec, family=family), model,
                         dict(dtype=args.dtype, enforce_eager=not compiled, max_model_len=2048, seed=0))
