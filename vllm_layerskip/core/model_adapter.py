@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from vllm_layerskip.core.draft_weights import DraftLayer, draft_layers
 from vllm_layerskip.core.errors import LayerSkipConfigError
 
 SUPPORTED_ARCHITECTURES = (
@@ -46,6 +47,9 @@ class DecoderStack:
     model: nn.Module  # the *ForCausalLM (for compute_logits)
     inner: nn.Module  # its decoder (embed, layers, norm)
     layers: list[nn.Module]  # [num_layers], the decoder layers in order
+    # [num_layers] the layers with quantized linears (core/draft_weights.py),
+    # which draft passes run instead; None: drafts run the model's own weights.
+    draft: list[DraftLayer] | None = None
 
     @property
     def num_layers(self) -> int:
@@ -72,7 +76,14 @@ class DecoderStack:
                     f"vllm-layerskip does not support decoder layer "
                     f"{type(layer).__name__} (missing {missing or 'plain RMSNorm'})."
                 )
-        return cls(model=model, inner=inner, layers=list(layers))
+        return cls(model=model, inner=inner, layers=list(layers), draft=draft_layers(list(layers)))
+
+    def draft_path(self, num_tokens: int) -> list:
+        """The layers a draft pass of `num_tokens` tokens runs: the quantized
+        copies where there are some and the pass is small enough to gain."""
+        if self.draft is None or num_tokens > self.draft[0].max_tokens:
+            return self.layers
+        return self.draft
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.inner.embed_input_ids(input_ids)
@@ -86,13 +97,13 @@ class DecoderStack:
     ) -> torch.Tensor:  # [num_tokens, hidden], after the final norm
         """The model's forward with only the kept sub-layers.
 
-        With every sub-layer kept this calls exactly what the model's own forward
-        calls, in the same order, so the draft equals the target up to kernel
-        shape effects.
+        With every sub-layer kept (and no quantized draft weights) this calls
+        exactly what the model's own forward calls, in the same order, so the
+        draft equals the target up to kernel shape effects.
         """
         hidden = self.embed(input_ids)
         residual = None
-        for layer, attn_on, mlp_on in zip(self.layers, run_attn, run_mlp):
+        for layer, attn_on, mlp_on in zip(self.draft_path(len(input_ids)), run_attn, run_mlp):
             if attn_on:
                 hidden, residual = _norm(layer.input_layernorm, hidden, residual)
                 hidden = layer.self_attn(positions=positions, hidden_states=hidden)
@@ -117,7 +128,7 @@ class DecoderStack:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Decoder layers start .. end - 1, in full, on vLLM's (hidden, residual)
         pair; the residual stream after them is hidden + residual."""
-        for layer in self.layers[start:end]:
+        for layer in self.draft_path(hidden.shape[0])[start:end]:
             hidden, residual = _norm(layer.input_layernorm, hidden, residual)
             hidden = layer.self_attn(positions=positions, hidden_states=hidden)
             hidden, residual = layer.post_attention_layernorm(hidden, residual)

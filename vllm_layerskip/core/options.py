@@ -7,6 +7,7 @@ keys out of the user's `--speculative-config` and builds it."""
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,11 @@ class DraftingOptions:
     the one shipped for the model. Without `draft_vocab_size`, the draft scores
     as many ids as the file was made for."""
 
+    draft_weights: str | None = None
+    """Draft passes read the decoder's linear weights quantized, "int4" or
+    "int8": a copy made at load (core/draft_weights.py), verification keeps the
+    model's own weights. Unset: drafts read the model's weights. CPU only."""
+
     prompt_lookup_max: int | None = None
     """vLLM's key: drafts copied from the request's context where its last
     n <= prompt_lookup_max tokens occurred before (core/lookup.py), for the
@@ -53,6 +59,7 @@ class DraftingOptions:
     def __post_init__(self):
         check_number("draft_confidence_threshold", self.draft_confidence_threshold, 0.0, 1.0)
         self._check_prompt_lookup()
+        self._check_draft_weights()
         check_bool("adaptive_draft_length", self.adaptive_draft_length)
         check_int("probe_interval", self.probe_interval, minimum=1, unit="steps")
         if self.draft_vocab_size is not None:
@@ -62,6 +69,18 @@ class DraftingOptions:
                 f"'draft_vocab' must be \"shipped\" or the path of a draft vocabulary file, "
                 f"got {self.draft_vocab!r}."
             )
+
+    def _check_draft_weights(self) -> None:
+        from vllm_layerskip.core.draft_weights import SCHEMES
+
+        value = self.draft_weights
+        if value is None or value in SCHEMES:
+            return
+        close = difflib.get_close_matches(str(value).lower(), SCHEMES, n=1)
+        hint = f" (did you mean \"{close[0]}\"?)" if close else ""
+        raise LayerSkipConfigError(
+            f"'draft_weights' must be one of {', '.join(repr(s) for s in SCHEMES)}, got "
+            f"{value!r}{hint}; leave it out for the model's own weights.")
 
     def _check_prompt_lookup(self) -> None:
         high, low = self.prompt_lookup_max, self.prompt_lookup_min
@@ -100,6 +119,13 @@ class DraftingOptions:
         """Raise LayerSkipConfigError if the options cannot apply to this model.
         Subclasses that override it call this one."""
         self.draft_token_ids(model)
+        if self.draft_weights is not None:
+            from vllm.platforms import current_platform
+
+            if not current_platform.is_cpu():
+                raise LayerSkipConfigError(
+                    f"'draft_weights': {self.draft_weights!r} runs on CPU only (torch's "
+                    "weight-only CPU kernels); remove the key on this platform.")
 
     def validate_for_parallelism(self, tensor_parallel_size: int) -> None:
         """Raise LayerSkipConfigError if the options cannot apply to this layout."""

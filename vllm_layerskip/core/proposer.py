@@ -13,6 +13,7 @@ import numpy as np
 
 from vllm_layerskip.core.cost_model import DraftLengthPolicy
 from vllm_layerskip.core.cpu_dtype import bf16_without_arithmetic_warning, cpu_flags
+from vllm_layerskip.core.errors import LayerSkipConfigError
 from vllm_layerskip.core.draft_engine import (
     DraftEngine,
     DraftRequests,
@@ -86,7 +87,33 @@ class LayerSkipProposerBase:
             logger.info("vllm-layerskip %s: drafts score %d of %d token ids (draft vocabulary %s)",
                         self.method, self.engine.head.token_ids.numel(), identity.vocab_size,
                         self.options.draft_vocab or "shipped")
+        self._check_draft_weights()
         self.on_model_loaded()
+
+    def _check_draft_weights(self) -> None:
+        from vllm_layerskip.core.draft_weights import total_bytes
+
+        asked, draft = self.options.draft_weights, self.engine.stack.draft
+        if asked is not None and draft is None:
+            raise LayerSkipConfigError(
+                f"'draft_weights': {asked!r} was asked for but the model's linear layers "
+                "were loaded without a draft copy (was the plugin loaded in the worker "
+                "before the model? vllm.general_plugins entry point)."
+            )
+        if draft is not None:
+            logger.info("vllm-layerskip %s: drafts read %s copies of the linear weights "
+                        "(%.2f GB beside the model's)", self.method, asked,
+                        total_bytes(draft) / 1e9)
+
+    def _draft_weights_status(self) -> dict | None:
+        """The quantized copies draft passes read, None without (draft_weights)."""
+        from vllm_layerskip.core.draft_weights import total_bytes
+
+        stack = self.engine.stack
+        if stack is None or stack.draft is None:
+            return None
+        return {"scheme": self.options.draft_weights, "bytes": total_bytes(stack.draft),
+                "max_tokens_per_pass": stack.draft[0].max_tokens}
 
     def _warn_if_bf16_cannot_pay(self) -> None:
         from vllm.distributed import get_tensor_model_parallel_rank
@@ -359,6 +386,7 @@ class LayerSkipProposerBase:
         status = self.stats.as_dict()
         head = self.engine.head
         status["draft_vocab_size"] = head.token_ids.numel() if head is not None and head.pruned else 0
+        status["draft_weights"] = self._draft_weights_status()
         status["requests"] = self.bookkeeping.as_dict()
         if self.policy is not None:
             status["cost_model"] = self.policy.summary()

@@ -80,13 +80,14 @@ class Patch:
 def all_patches() -> list[Patch]:
     # Imported here: the patch modules import vLLM, and the version gate must
     # run before any of that.
-    from vllm_layerskip.patches import config, cpu_sampler, engine_core, model_runner
+    from vllm_layerskip.patches import (config, cpu_sampler, engine_core, linear_weights,
+                                        model_runner)
 
     # Order: config first (the front end builds the SpeculativeConfig, the
     # engine core reads num_lookahead_tokens), then the engine core, then the
     # worker side.
     return [*config.patches(), *engine_core.patches(), *model_runner.patches(),
-            *cpu_sampler.patches()]
+            *cpu_sampler.patches(), *linear_weights.patches()]
 
 
 _applied = False

@@ -219,6 +219,13 @@ HOOKS: tuple[Hook, ...] = (
     Hook(_MODELS + "registry.py", "_TEXT_GENERATION_MODELS", "literals",
          "the supported architectures are still registered",
          names=("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")),
+    Hook("vllm/model_executor/layers/linear.py", "UnquantizedLinearMethod.process_weights_after_loading",
+         "method", "patched: quantizes each plain linear weight for drafts (draft_weights) "
+         "before vLLM's CPU path packs it and drops the plain tensor",
+         params=("self", "layer"), exact=True),
+    Hook("vllm/config/vllm.py", "get_current_vllm_config_or_none", "function",
+         "patches/linear_weights.py reads the speculative config while the model loads",
+         params=()),
     Hook("vllm/model_executor/layers/layernorm.py", "RMSNorm.forward_native", "method",
          "norm(hidden, residual) is vLLM's fused add + RMSNorm", params=("self", "x", "residual")),
     *(

@@ -1,0 +1,158 @@
+"""Quantized draft weights (core/draft_weights.py): what a quantized linear
+computes, vLLM's bias and return conventions, when draft passes use the copies,
+and the errors a user sees. The engine-level parity with draft weights on is
+in tests/engine/test_parity_smollm2.py."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from vllm_layerskip.core import draft_weights
+from vllm_layerskip.core.draft_weights import ATTR, QuantizedLinear, attach, draft_layers
+from vllm_layerskip.core.errors import LayerSkipConfigError
+from vllm_layerskip.core.model_adapter import DecoderStack
+from vllm_layerskip.methods.layer_skip.options import LayerSkipOptions
+
+
+def linear(out_features, in_features, bias=False, dtype=torch.float32, **attrs):
+    torch.manual_seed(out_features * 7 + in_features)
+    layer = nn.Module()
+    layer.weight = nn.Parameter(torch.randn(out_features, in_features, dtype=dtype) * 0.05,
+                                requires_grad=False)
+    layer.bias = nn.Parameter(torch.randn(out_features, dtype=dtype), requires_grad=False) \
+        if bias else None
+    for key, value in attrs.items():
+        setattr(layer, key, value)
+    return layer
+
+
+def relative_error(got, want):
+    return ((got.float() - want.float()).norm() / want.float().norm()).item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("scheme,bound", [("int4", 0.12), ("int8", 0.01)])
+def test_quantized_linear_approximates_the_layer(scheme, bound, dtype):
+    layer = linear(96, 128, bias=True, dtype=dtype)
+    x = torch.randn(3, 128, dtype=dtype)
+    out, extra = QuantizedLinear(layer, scheme)(x)
+    want = nn.functional.linear(x.float(), layer.weight.float(), layer.bias.float())
+    assert extra is None and out.dtype == dtype and out.shape == (3, 96)
+    error = relative_error(out, want)
+    # int4 (16 levels a group of 32) is a coarse copy, int8 a close one; both
+    # far from an unrelated output (relative error ~1.4).
+    assert error < bound, error
+    assert error > 1e-4, "a quantized copy that equals the layer exactly: is it quantized?"
+
+
+def test_int4_copy_is_a_quarter_of_the_bytes():
+    layer = linear(256, 512, dtype=torch.bfloat16)
+    copy = QuantizedLinear(layer, "int4")
+    # 4 bits a weight, plus a bf16 scale and zero per 32 weights.
+    assert copy.nbytes == 256 * 512 // 2 + 2 * 2 * 256 * 512 // 32
+
+
+def test_shapes_the_int4_kernel_cannot_take_fall_back_to_int8():
+    assert QuantizedLinear(linear(8, 64), "int4").scheme == "int8"  # rows: tiles of 16
+    copy = QuantizedLinear(linear(64, 72), "int4")  # row length: groups of 32
+    assert copy.scheme == "int8"
+    assert relative_error(copy.matmul(torch.ones(1, 72)), torch.ones(1, 72) @ linear(64, 72).weight.T) < 0.01
+
+
+def test_row_parallel_bias_only_on_rank_0_and_no_bias_when_skipped():
+    x = torch.randn(2, 64)
+    rank0 = linear(32, 64, bias=True, input_is_parallel=True, tp_rank=0, tp_size=1)
+    rank1 = linear(32, 64, bias=True, input_is_parallel=True, tp_rank=1, tp_size=1)
+    skipped = linear(32, 64, bias=True, skip_bias_add=True)
+    assert QuantizedLinear(rank0, "int8").bias is not None
+    assert QuantizedLinear(rank1, "int8").bias is None
+    assert QuantizedLinear(skipped, "int8").bias is None
+    # A row-parallel layer of a tensor-parallel model all-reduces its output.
+    assert QuantizedLinear(linear(32, 64, input_is_parallel=True, tp_size=2), "int8").all_reduce
+    assert not QuantizedLinear(linear(32, 64, tp_size=2), "int8").all_reduce  # column-parallel
+    out = QuantizedLinear(linear(32, 64, return_bias=False), "int8")(x)
+    assert isinstance(out, torch.Tensor)
+
+
+def test_attach_skips_layers_without_a_plain_weight():
+    empty = linear(8, 32)
+    empty.weight = nn.Parameter(torch.empty(0), requires_grad=False)
+    attach(empty, "int4")
+    assert not hasattr(empty, ATTR)
+    full = linear(16, 32)
+    attach(full, "int4")
+    assert getattr(full, ATTR).scheme == "int4"
+
+
+class Attention:
+    """vLLM's attention forward, reduced to its two projections."""
+
+    def __init__(self, hidden):
+        self.hidden, self.qkv_proj, self.o_proj = hidden, linear(3 * hidden, hidden), linear(hidden, hidden)
+
+    def forward(self, positions, hidden_states):
+        qkv, _ = self.qkv_proj(hidden_states)
+        out, _ = self.o_proj(qkv[:, : self.hidden] + positions[:, None])
+        return out
+
+
+def decoder_layer(scheme: str | None, hidden=64, inter=96):
+    attn = Attention(hidden)
+    mlp = SimpleNamespace(gate_up_proj=linear(2 * inter, hidden), down_proj=linear(hidden, inter),
+                          act_fn=lambda x: nn.functional.silu(x[:, :inter]) * x[:, inter:])
+    layer = SimpleNamespace(self_attn=attn, mlp=mlp, input_layernorm=None,
+                            post_attention_layernorm=None)
+    if scheme:
+        for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+            attach(m, scheme)
+    return layer
+
+
+def test_draft_layer_is_the_models_layer_through_the_copies():
+    layer = decoder_layer("int8")
+    x = torch.randn(2, 64)
+    (view,) = draft_layers([layer])
+    positions = torch.tensor([3.0, 4.0])
+    attn = layer.self_attn
+    want = nn.functional.linear(nn.functional.linear(x, attn.qkv_proj.weight)[:, :64] + positions[:, None],
+                                attn.o_proj.weight)
+    got = view.self_attn(positions=positions, hidden_states=x)
+    assert 0 < relative_error(got, want) < 0.02
+    gate_up = nn.functional.linear(x, layer.mlp.gate_up_proj.weight)
+    want = nn.functional.linear(layer.mlp.act_fn(gate_up), layer.mlp.down_proj.weight)
+    assert relative_error(view.mlp(x), want) < 0.02
+
+
+def test_draft_layers_none_without_copies_and_an_error_when_some_lack_them():
+    assert draft_layers([decoder_layer(None), decoder_layer(None)]) is None
+    with pytest.raises(LayerSkipConfigError, match=r"decoder layers \[1\]: they are not plain"):
+        draft_layers([decoder_layer("int4"), decoder_layer(None)])
+
+
+@pytest.mark.parametrize("scheme,small,large", [("int4", 4, 5), ("int8", 2, 3)])
+def test_draft_passes_use_the_copies_only_while_they_are_faster(scheme, small, large):
+    layers = [decoder_layer(scheme)]
+    stack = DecoderStack(model=None, inner=None, layers=layers, draft=draft_layers(layers))
+    assert stack.draft_path(small) is stack.draft
+    assert stack.draft_path(large) is stack.layers
+    assert DecoderStack(model=None, inner=None, layers=layers).draft_path(1) is layers
+
+
+def test_option_errors_name_the_value_and_the_choices():
+    assert LayerSkipOptions(draft_weights="int4").draft_weights == "int4"
+    assert LayerSkipOptions().draft_weights is None
+    with pytest.raises(LayerSkipConfigError, match=r"must be one of 'int4', 'int8', got 'INT4' "
+                                                    r"\(did you mean \"int4\"\?\)"):
+        LayerSkipOptions(draft_weights="INT4")
+    with pytest.raises(LayerSkipConfigError, match="got 4;"):
+        LayerSkipOptions(draft_weights=4)
+
+
+def test_gpu_weights_are_refused_with_what_to_do():
+    layer = SimpleNamespace(weight=SimpleNamespace(detach=lambda: SimpleNamespace(
+        device=torch.device("meta"), dtype=torch.bfloat16, shape=(8, 32))))
+    with pytest.raises(LayerSkipConfigError, match="runs on CPU only.*Remove the key"):
+        QuantizedLinear(layer, "int4")
+    assert draft_weights.SCHEMES == ("int4", "int8")
