@@ -86,6 +86,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompt-lookup", nargs="+", choices=("default", "on", "off"), default=None,
                    help="each plugin method with prompt lookup on (prompt_lookup_max 4, _min 2), "
                         "off, and/or as the plugin's default")
+    p.add_argument("--draft-weights", nargs="+", choices=("default", "int4", "int8"), default=None,
+                   help="each plugin method once per draft_weights setting (quantized copies of "
+                        "the linear weights that draft passes read; default: the plugin's)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--compile", action="store_true",
                    help="vLLM's default model compilation (torch.compile, inductor on CPU), "

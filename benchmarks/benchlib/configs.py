@@ -9,6 +9,8 @@ reader sees what was left out instead of a silently shorter table.
 
 from __future__ import annotations
 
+import itertools
+
 import json
 import os
 from dataclasses import dataclass, field
@@ -144,24 +146,30 @@ def build_configs(args, model_path: str) -> list[Config]:
 
 
 def with_variants(configs: list[Config], args) -> list[Config]:
-    """Each plugin configuration once per --draft-vocab-size and per
-    --prompt-lookup setting (rows in that order, the plugin's default first)."""
+    """Each plugin configuration once per --draft-vocab-size, per
+    --prompt-lookup setting and per --draft-weights (rows in that order, the
+    plugin's default first)."""
     out = []
     for config in configs:
-        for size in getattr(args, "draft_vocab_sizes", None) or [None]:
-            for lookup in getattr(args, "prompt_lookup", None) or ["default"]:
-                spec, label = dict(config.spec), config.name
-                if size is not None:
-                    spec["draft_vocab_size"] = size
-                    label += ", full vocabulary" if size == 0 else f", draft vocabulary {size}"
-                if lookup == "on":
-                    spec.update(prompt_lookup_max=4, prompt_lookup_min=2)
-                    label += ", +lookup"
-                elif lookup == "off":
-                    spec.update(prompt_lookup_max=0)
-                    label += ", no lookup"
-                out.append(Config(label, config.method, spec, config.skip_reason, config.family,
-                                  dict(config.extra)))
+        for size, lookup, weights in itertools.product(
+                getattr(args, "draft_vocab_sizes", None) or [None],
+                getattr(args, "prompt_lookup", None) or ["default"],
+                getattr(args, "draft_weights", None) or ["default"]):
+            spec, label = dict(config.spec), config.name
+            if size is not None:
+                spec["draft_vocab_size"] = size
+                label += ", full vocabulary" if size == 0 else f", draft vocabulary {size}"
+            if lookup == "on":
+                spec.update(prompt_lookup_max=4, prompt_lookup_min=2)
+                label += ", +lookup"
+            elif lookup == "off":
+                spec.update(prompt_lookup_max=0)
+                label += ", no lookup"
+            if weights != "default":
+                spec["draft_weights"] = weights
+                label += f", {weights} draft weights"
+            out.append(Config(label, config.method, spec, config.skip_reason, config.family,
+                              dict(config.extra)))
     return out
 
 
