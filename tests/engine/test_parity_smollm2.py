@@ -66,6 +66,11 @@ CONFIGS = {
     # The full LM head too (no pruned draft vocabulary): the draft is the target.
     "K4-nothing-skipped": {"num_speculative_tokens": 4, "draft_vocab_size": 0, **FIXED},
     "K4-adaptive": {"num_speculative_tokens": 4, "skip_ratio": 0.2},
+    # Drafts through int4 copies of the linear weights (core/draft_weights.py):
+    # the batch of 8 drafts through the model's own weights (passes of more
+    # than 4 tokens), the batch's tail and the single prompt through the copies.
+    "K4-int4-draft-weights": {"num_speculative_tokens": 4, "skip_ratio": 0.1,
+                              "draft_weights": "int4", **FIXED},
     # SWIFT with its optimizer busy the whole run: a short context window, a
     # Bayesian suggestion every 3rd candidate, no early stop (a target matchness
     # of 1.0 is never exceeded: at 0.95 a CI run reached it after 24 candidates
@@ -148,6 +153,12 @@ def test_layer_skip_greedy_parity(smollm2_path, plain, name):
             assert swift["bayes_suggestions"] >= 5, swift
     if name.startswith("self_sd"):
         assert status["self_sd"]["threshold_updates"] > 20, status["self_sd"]
+    if name == "K4-int4-draft-weights":
+        assert status["draft_weights"]["scheme"] == "int4", status["draft_weights"]
+        # A coarse copy of the model, most of whose drafts are still accepted.
+        assert counters.acceptance_rate >= 0.5, counters
+    else:
+        assert status["draft_weights"] is None
     if "draft-vocab" in name:
         assert status["draft_vocab_size"] == 4096
     if "lookup" in name:

@@ -156,3 +156,26 @@ def test_gpu_weights_are_refused_with_what_to_do():
     with pytest.raises(LayerSkipConfigError, match="runs on CPU only.*Remove the key"):
         QuantizedLinear(layer, "int4")
     assert draft_weights.SCHEMES == ("int4", "int8")
+
+
+def dequantized(copy: QuantizedLinear, k: int) -> torch.Tensor:
+    """The copy's weights, read back through its own kernel."""
+    return copy.matmul(torch.eye(k, dtype=copy.dtype)).T
+
+
+def test_int4_keeps_a_4_bit_checkpoints_grid_exactly():
+    # Weights as a 4-bit checkpoint dequantizes them (GGUF Q4_K): each group of
+    # 32 is step * q + offset, q using only part of 0..15 (levels 1..13 here).
+    torch.manual_seed(0)
+    rows, k = 64, 128
+    step = torch.rand(rows, k // 32, 1) * 0.01 + 0.001
+    offset = -torch.rand(rows, k // 32, 1) * 0.05
+    q = torch.randint(1, 14, (rows, k // 32, 32)).float()
+    layer = linear(rows, k)
+    layer.weight.data = (q * step + offset).reshape(rows, k)
+    on_grid = relative_error(dequantized(QuantizedLinear(layer, "int4"), k), layer.weight)
+    # Gaussian weights lie on no grid: the min/max grid, a few percent off.
+    gaussian = linear(rows, k)
+    off_grid = relative_error(dequantized(QuantizedLinear(gaussian, "int4"), k), gaussian.weight)
+    assert on_grid < 1e-4, on_grid
+    assert 0.02 < off_grid < 0.12, off_grid

@@ -117,14 +117,29 @@ def _int4_steps(groups: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
     lie on a grid of at most 16 levels (a checkpoint dequantized from 4 bits,
     e.g. GGUF Q4_K: Qwen2.5-Coder-1.5B's groups of 32 hold 7-15 distinct
     values), whose step then keeps them exactly. On that model the grid step
-    took the int4 copy's error from 4.4% of the weights' norm to ~0.3% (bf16
-    rounding) in the layers quantized to 4 bits."""
+    took the int4 copy's error from 4.4% of the weights' norm to ~0.45% (bf16
+    rounding) in the layers quantized to 4 bits, and full-depth drafts from 93%
+    to 97.6% accepted (K = 4, four prompts)."""
     span = groups.amax(dim=-1, keepdim=True) - low
     step = (span / 15).clamp(min=1e-10)
+    flat = groups.reshape(-1, groups.shape[-1])
+    # The search (a sort of every group) costs ~1 s per 10M weights on 2 cores:
+    # only where a sample of the weight's groups shows a grid.
+    sample = torch.linspace(0, flat.shape[0] - 1, min(512, flat.shape[0])).long()
+    _, found = _grid_steps(flat[sample], low.reshape(-1, 1)[sample], span.reshape(-1, 1)[sample])
+    if found.float().mean() < 0.5:
+        return step
+    grid, found = _grid_steps(flat, low.reshape(-1, 1), span.reshape(-1, 1))
+    return torch.where(found, grid, step.reshape(-1, 1)).reshape(step.shape)
+
+
+def _grid_steps(groups: torch.Tensor, low: torch.Tensor, span: torch.Tensor):
+    """[G, 32] groups -> ([G, 1] grid step, [G, 1] whether the group is on it)."""
     gaps = torch.sort(groups, dim=-1).values.diff(dim=-1)
     gaps = torch.where(gaps > 1e-3 * span, gaps, torch.inf)
     smallest = gaps.amin(dim=-1, keepdim=True)  # about one or a few grid steps
-    found = torch.zeros_like(step, dtype=torch.bool)
+    step = torch.ones_like(span)
+    found = torch.zeros_like(span, dtype=torch.bool)
     for parts in (1, 2, 3):
         # The step from the whole span (bf16 rounding moves single gaps by ~3%).
         levels = torch.round(span / smallest * parts).clamp(min=1)
@@ -134,7 +149,7 @@ def _int4_steps(groups: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
             & (levels <= 15) & torch.isfinite(candidate) & ~found
         step = torch.where(on_grid, candidate, step)
         found |= on_grid
-    return step
+    return step, found
 
 
 def _quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
