@@ -179,3 +179,20 @@ def test_int4_keeps_a_4_bit_checkpoints_grid_exactly():
     off_grid = relative_error(dequantized(QuantizedLinear(gaussian, "int4"), k), gaussian.weight)
     assert on_grid < 1e-4, on_grid
     assert 0.02 < off_grid < 0.12, off_grid
+
+
+def test_int4_of_a_full_size_projection_while_vllm_loads_in_bf16():
+    # vLLM loads a bf16 model under torch's default dtype bf16: a linspace of
+    # the sampled groups' indices then came out in bf16, rounded its last index
+    # past the 98,304 groups of Qwen2.5-Coder-1.5B's qkv_proj, and the engine
+    # failed to start.
+    layer = linear(2048, 1536, dtype=torch.bfloat16)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        copy = QuantizedLinear(layer, "int4")
+    finally:
+        torch.set_default_dtype(default)
+    assert copy.scheme == "int4"
+    x = torch.randn(1, 1536, dtype=torch.bfloat16)
+    assert relative_error(copy.matmul(x), nn.functional.linear(x, layer.weight)) < 0.12

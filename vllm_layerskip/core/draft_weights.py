@@ -125,7 +125,8 @@ def _int4_steps(groups: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
     flat = groups.reshape(-1, groups.shape[-1])
     # The search (a sort of every group) costs ~1 s per 10M weights on 2 cores:
     # only where a sample of the weight's groups shows a grid.
-    sample = torch.linspace(0, flat.shape[0] - 1, min(512, flat.shape[0])).long()
+    count = min(512, flat.shape[0])
+    sample = torch.arange(count) * (flat.shape[0] - 1) // max(count - 1, 1)
     _, found = _grid_steps(flat[sample], low.reshape(-1, 1)[sample], span.reshape(-1, 1)[sample])
     if found.float().mean() < 0.5:
         return step
