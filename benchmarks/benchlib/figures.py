@@ -270,19 +270,29 @@ def weight_params(model_cfg: dict) -> dict:
             "layers": model_cfg["num_hidden_layers"]}
 
 
+# Bytes a draft weight reads relative to bf16, by draft_weights scheme
+# (core/draft_weights.py): int4 with a bf16 scale and zero per 32 weights is
+# 5 bits a weight; int8 with a scale per row about 8.
+BYTES_VS_BF16 = {None: 1.0, "int4": 5 / 16, "int8": 0.5}
+
+
 def draft_weight_fraction(model_cfg: dict, num_attn_skipped: int, num_mlp_skipped: int,
-                          draft_vocab_size: int = 0) -> float:
-    """Weights a draft step reads over a full forward's: the kept sub-layers,
-    and the LM head's rows the draft scores (all of them unless a pruned draft
-    vocabulary of draft_vocab_size ids is on)."""
+                          draft_vocab_size: int = 0, draft_weights: str | None = None) -> float:
+    """Weight bytes a draft step reads over a full forward's: the kept
+    sub-layers, and the LM head's rows the draft scores (all of them unless a
+    pruned draft vocabulary of draft_vocab_size ids is on); with draft_weights
+    the layers at that scheme's bytes and a pruned head's rows at int8's."""
     p = weight_params(model_cfg)
     full = p["layers"] * (p["attn"] + p["mlp"]) + p["head"]
-    head_rows_skipped = 0
-    if 0 < draft_vocab_size < model_cfg["vocab_size"]:
-        head_rows_skipped = model_cfg["vocab_size"] - draft_vocab_size
-    skipped = (num_attn_skipped * p["attn"] + num_mlp_skipped * p["mlp"]
-               + head_rows_skipped * model_cfg["hidden_size"])
-    return (full - skipped) / full
+    head_rows = model_cfg["vocab_size"]
+    pruned = 0 < draft_vocab_size < model_cfg["vocab_size"]
+    if pruned:
+        head_rows = draft_vocab_size
+    kept_layers = (p["layers"] * (p["attn"] + p["mlp"]) - num_attn_skipped * p["attn"]
+                   - num_mlp_skipped * p["mlp"])
+    head = head_rows * model_cfg["hidden_size"]
+    head_factor = BYTES_VS_BF16["int8"] if draft_weights and pruned else 1.0
+    return (kept_layers * BYTES_VS_BF16[draft_weights] + head * head_factor) / full
 
 
 def skipped_counts(config, final_stats: dict) -> tuple[int, int] | None:
@@ -328,8 +338,12 @@ def projection(rows: list[dict], configs: dict, final_stats: dict, model_cfg: di
             # A pruned draft head reads only its rows (the proposer reports
             # the size it used; 0: the full head).
             vocab = stats.get("draft_vocab_size") or 0
-            c_w = draft_weight_fraction(model_cfg, *counts, draft_vocab_size=vocab)
+            scheme = (stats.get("draft_weights") or {}).get("scheme")
+            c_w = draft_weight_fraction(model_cfg, *counts, draft_vocab_size=vocab,
+                                        draft_weights=scheme)
             basis = f"skips {counts[0]} attn + {counts[1]} MLP sub-layers"
+            if scheme:
+                basis += f", {scheme} draft weights"
             if 0 < vocab < model_cfg["vocab_size"]:
                 basis += f", scores {vocab} of {model_cfg['vocab_size']} head rows"
         out.append({"workload": r["workload"], "config": r["config"], "M": r["M"],

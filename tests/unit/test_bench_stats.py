@@ -307,3 +307,25 @@ def test_projection_counts_only_the_head_rows_a_pruned_draft_scores():
     assert out["pruned"]["c_w"] == pytest.approx(pruned)
     assert out["pruned"]["basis"].endswith("scores 65536 of 151936 head rows")
     assert out["pruned"]["projected_speedup"] > out["full"]["projected_speedup"]
+
+
+def test_projection_reads_draft_weights_at_their_bytes():
+    """int4 draft weights: the kept layers at 5 bits a weight (4 + a bf16 scale
+    and zero per 32), a pruned head's rows at int8's 8."""
+    from benchlib.configs import Config
+    from benchlib.figures import draft_weight_fraction, projection, weight_params
+
+    qwen = {"hidden_size": 1536, "num_attention_heads": 12, "num_key_value_heads": 2,
+            "intermediate_size": 8960, "vocab_size": 151936, "num_hidden_layers": 28}
+    p = weight_params(qwen)
+    full = 28 * (p["attn"] + p["mlp"]) + p["head"]
+    layers = 28 * (p["attn"] + p["mlp"])
+    int4 = draft_weight_fraction(qwen, 0, 0, draft_vocab_size=65536, draft_weights="int4")
+    assert int4 == pytest.approx((layers * 5 / 16 + 65536 * 1536 * 0.5) / full)
+    assert draft_weight_fraction(qwen, 0, 0) == pytest.approx(1.0)
+    configs = {"q": Config(name="q", method="layer_skip", spec={}, family="plugin",
+                           extra={"skip_sets": {"skip_attn": [], "skip_mlp": []}})}
+    rows = [{"config": "q", "category": ALL, "workload": "batch 1, T=0", "M": 3.0, "alpha": 0.8}]
+    stats = {"q": {"draft_vocab_size": 65536, "draft_weights": {"scheme": "int4"}}}
+    (out,) = projection(rows, configs, stats, qwen)
+    assert out["c_w"] == pytest.approx(int4) and "int4 draft weights" in out["basis"]
