@@ -137,21 +137,6 @@ def test_sliced_head_scores_exactly_the_chosen_rows():
     assert pruned.num_columns(50) == 5 and full.num_columns(50) == 50
 
 
-def test_sliced_head_with_draft_weights_reads_an_int8_copy_for_small_passes():
-    torch.manual_seed(0)
-    model = _Model(vocab=200, hidden=64)
-    stack = _stack(model)
-    ids = torch.randperm(200)[:64]
-    exact, quantized = DraftHead(stack, ids), DraftHead(stack, ids, quantized=True)
-    small, large = torch.randn(2, 64), torch.randn(3, 64)
-    want = exact.logits(small)
-    got = quantized.logits(small)
-    # An int8 copy: close to the slice's logits, not equal to them.
-    assert 0 < (got - want).norm() / want.norm() < 0.01
-    # Passes of more than 2 tokens (int8's gain ends there) read the slice itself.
-    torch.testing.assert_close(quantized.logits(large), exact.logits(large))
-
-
 def test_the_id_table_is_copied_to_a_device_once():
     torch.manual_seed(0)
     model = _Model()

@@ -141,7 +141,7 @@ class DraftEngine:
         """`draft_token_ids`: the pruned draft vocabulary ([V_sub] ids), or None for
         the full LM head (draft_head.py)."""
         self.stack = DecoderStack.from_model(target_model)
-        self.head = DraftHead(self.stack, draft_token_ids, quantized=self.stack.draft is not None)
+        self.head = DraftHead(self.stack, draft_token_ids)
 
     @property
     def num_layers(self) -> int:

@@ -34,8 +34,7 @@ class DraftHead:
     """logits(hidden) -> [num_tokens, V] float32, where V is the full vocabulary
     or the pruned one; `to_token_ids` maps column indices to vocabulary ids."""
 
-    def __init__(self, stack: DecoderStack, token_ids: torch.Tensor | None = None,
-                 quantized: bool = False):
+    def __init__(self, stack: DecoderStack, token_ids: torch.Tensor | None = None):
         self.stack = stack
         self.token_ids = None if token_ids is None else token_ids.to(torch.int64).cpu()
         # The ids on each device they are used on, copied once: drafted columns
@@ -46,7 +45,7 @@ class DraftHead:
         self._ids_on_device: dict[torch.device, torch.Tensor] = {}
         self._slice: _HeadSlice | None = None
         if self.token_ids is not None:
-            self._slice = _HeadSlice(stack.model, self.token_ids, quantized)
+            self._slice = _HeadSlice(stack.model, self.token_ids)
 
     @property
     def pruned(self) -> bool:
@@ -85,7 +84,7 @@ class DraftHead:
 class _HeadSlice(nn.Module):
     """Rows `token_ids` of the model's LM head, as their own linear layer."""
 
-    def __init__(self, model: nn.Module, token_ids: torch.Tensor, quantized: bool = False):
+    def __init__(self, model: nn.Module, token_ids: torch.Tensor):
         super().__init__()
         lm_head = model.lm_head
         processor = model.logits_processor
@@ -110,23 +109,10 @@ class _HeadSlice(nn.Module):
             width, order = _tensor_parallel_order(ids, lm_head, self.tp_size)
             self._gather_order = (width, order.to(weight.device))
         _use_fast_cpu_gemm(self)
-        # With draft weights (core/draft_weights.py) the slice gets an int8 copy
-        # too: 65536 x 1536 rows took 6.2 ms a token against oneDNN's 9.7 ms
-        # (int8 rather than int4: an argmax over logits is what a draft token
-        # is, and the head was 6-bit in the GGUF the 1.5B model comes from).
-        self.copy = None
-        if quantized:
-            from vllm_layerskip.core.draft_weights import MAX_TOKENS, QuantizedLinear
-
-            self.copy, self.copy_max_tokens = QuantizedLinear(self, "int8"), MAX_TOKENS["int8"]
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.copy is not None and hidden.shape[0] <= self.copy_max_tokens:
-            logits = self.copy.matmul(hidden)
-        elif hasattr(self, "cpu_linear"):
-            logits = self.cpu_linear(hidden, self.weight, None)
-        else:
-            logits = nn.functional.linear(hidden, self.weight)
+        logits = self.cpu_linear(hidden, self.weight, None) if hasattr(self, "cpu_linear") \
+            else nn.functional.linear(hidden, self.weight)
         if self.tp_size > 1:
             logits = self._gather(logits)
         if self.soft_cap is not None:

@@ -174,22 +174,14 @@ class DraftLayer:
     """One decoder layer as a draft pass runs it with quantized linears: the
     attention is the model's own forward seen through a proxy whose projections
     are the quantized copies (rotary, qk-norm and the paged attention stay the
-    model's; the rotary embedding through its CPU kernel); the MLP is gate_up
-    -> the model's activation -> down."""
+    model's); the MLP is gate_up -> the model's activation -> down."""
 
     def __init__(self, layer: nn.Module):
         attn = layer.self_attn
         self.input_layernorm = layer.input_layernorm
         self.post_attention_layernorm = layer.post_attention_layernorm
-        replaced = dict(qkv_proj=getattr(attn.qkv_proj, ATTR), o_proj=getattr(attn.o_proj, ATTR))
-        rotary = getattr(attn, "rotary_emb", None)
-        if rotary is not None and _has_own_cpu_kernel(rotary):
-            # A compiled engine dispatches vLLM's rotary embedding to its
-            # torch-native form (for inductor to fuse); run eagerly, as a draft
-            # pass runs, that took 117 us a layer against 15 us for its CPU
-            # kernel (one token, 1.5B shapes): 2.8 ms a draft token.
-            replaced["rotary_emb"] = rotary.forward_cpu
-        self.attn = _ModuleWith(attn, **replaced)
+        self.attn = _ModuleWith(attn, qkv_proj=getattr(attn.qkv_proj, ATTR),
+                                o_proj=getattr(attn.o_proj, ATTR))
         self.attn_forward = type(attn).forward
         self.gate_up = getattr(layer.mlp.gate_up_proj, ATTR)
         self.max_tokens = MAX_TOKENS[self.gate_up.scheme]
@@ -201,15 +193,6 @@ class DraftLayer:
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         return _first(self.down(self.act_fn(_first(self.gate_up(x)))))
-
-
-def _has_own_cpu_kernel(op) -> bool:
-    """Whether a vLLM CustomOp defines its own forward_cpu (a kernel), rather
-    than the base class's fallback to its torch-native form."""
-    from vllm.model_executor.custom_op import CustomOp
-
-    own = getattr(type(op), "forward_cpu", None)
-    return isinstance(op, CustomOp) and own is not None and own is not CustomOp.forward_cpu
 
 
 def _first(out):
