@@ -281,18 +281,16 @@ def draft_weight_fraction(model_cfg: dict, num_attn_skipped: int, num_mlp_skippe
     """Weight bytes a draft step reads over a full forward's: the kept
     sub-layers, and the LM head's rows the draft scores (all of them unless a
     pruned draft vocabulary of draft_vocab_size ids is on); with draft_weights
-    the layers at that scheme's bytes and a pruned head's rows at int8's."""
+    the layers at that scheme's bytes (the head stays the model's)."""
     p = weight_params(model_cfg)
     full = p["layers"] * (p["attn"] + p["mlp"]) + p["head"]
     head_rows = model_cfg["vocab_size"]
-    pruned = 0 < draft_vocab_size < model_cfg["vocab_size"]
-    if pruned:
+    if 0 < draft_vocab_size < model_cfg["vocab_size"]:
         head_rows = draft_vocab_size
     kept_layers = (p["layers"] * (p["attn"] + p["mlp"]) - num_attn_skipped * p["attn"]
                    - num_mlp_skipped * p["mlp"])
     head = head_rows * model_cfg["hidden_size"]
-    head_factor = BYTES_VS_BF16["int8"] if draft_weights and pruned else 1.0
-    return (kept_layers * BYTES_VS_BF16[draft_weights] + head * head_factor) / full
+    return (kept_layers * BYTES_VS_BF16[draft_weights] + head) / full
 
 
 def skipped_counts(config, final_stats: dict) -> tuple[int, int] | None:

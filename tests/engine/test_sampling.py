@@ -93,19 +93,27 @@ CONFIGS = {
     "swift": {"method": "swift", "skip_ratio": 0.5, "context_window": 1,
               "draft_confidence_threshold": 0.0, "patience": 100000,
               "max_optimizer_share": 1.0, "prompt_lookup_max": 0},
+    # Drafts through int4 copies of the linear weights (q is the copy's
+    # distribution). Passes of more than 4 tokens run the model's own weights,
+    # so this engine runs at most 4 requests a step: every draft reads the copies.
+    "layer_skip-int4-draft-weights": {"method": "layer_skip", "skip_mlp": [2], "prompt_lookup_max": 0,
+                                      "draft_weights": "int4"},
 }
 
 
 @pytest.mark.parametrize("method", list(CONFIGS))
 def test_sampling_distribution_matches_plain(tiny_llama, plain_samples, method):
     config = {"num_speculative_tokens": 3, "adaptive_draft_length": False, **CONFIGS[method]}
-    llm = make_llm(tiny_llama, in_process=True, speculative_config=config, max_model_len=256)
+    narrow = {"max_num_seqs": 4} if "draft_weights" in config else {}
+    llm = make_llm(tiny_llama, in_process=True, speculative_config=config, max_model_len=256, **narrow)
     try:
         spec = sample(llm, 1.0)
         counters = spec_decode_counters(llm)
         status = proposer_stats(llm)
     finally:
         shutdown(llm)
+    if "draft_weights" in config:
+        assert status["draft_weights"]["scheme"] == "int4", status["draft_weights"]
     if method == "swift":
         # ~1500 requests of 4 tokens run in a few waves of 4 steps each: every
         # step scored a candidate.

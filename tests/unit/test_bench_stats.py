@@ -311,7 +311,7 @@ def test_projection_counts_only_the_head_rows_a_pruned_draft_scores():
 
 def test_projection_reads_draft_weights_at_their_bytes():
     """int4 draft weights: the kept layers at 5 bits a weight (4 + a bf16 scale
-    and zero per 32), a pruned head's rows at int8's 8."""
+    and zero per 32); the head's rows stay bf16."""
     from benchlib.configs import Config
     from benchlib.figures import draft_weight_fraction, projection, weight_params
 
@@ -321,7 +321,7 @@ def test_projection_reads_draft_weights_at_their_bytes():
     full = 28 * (p["attn"] + p["mlp"]) + p["head"]
     layers = 28 * (p["attn"] + p["mlp"])
     int4 = draft_weight_fraction(qwen, 0, 0, draft_vocab_size=65536, draft_weights="int4")
-    assert int4 == pytest.approx((layers * 5 / 16 + 65536 * 1536 * 0.5) / full)
+    assert int4 == pytest.approx((layers * 5 / 16 + 65536 * 1536) / full)
     assert draft_weight_fraction(qwen, 0, 0) == pytest.approx(1.0)
     configs = {"q": Config(name="q", method="layer_skip", spec={}, family="plugin",
                            extra={"skip_sets": {"skip_attn": [], "skip_mlp": []}})}

@@ -33,8 +33,9 @@ def main(argv: list[str] | None = None) -> int:
         description=demo_tool.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_argument("--model", help=f"a known model ({', '.join(CATALOG)}; default "
                                       f"{demo_tool.DEFAULT_DEMO_MODEL}) or a model path")
-    demo.add_argument("--speculative-config", default=json.dumps(demo_tool.DEMO_SPEC),
-                      help=f"JSON, as for vllm serve (default: {json.dumps(demo_tool.DEMO_SPEC)})")
+    demo.add_argument("--speculative-config", default=None,
+                      help=f"JSON, as for vllm serve (default: bf16 {json.dumps(demo_tool.BF16_SPEC)}, "
+                           f"float32 {json.dumps(demo_tool.FLOAT32_SPEC)})")
     demo.add_argument("--dtype", help="default: bfloat16 for qwen2.5-coder-1.5b, float32 for smollm2-135m")
     demo.add_argument("--num-prompts", type=int, default=6)
     demo.add_argument("--max-tokens", type=int, default=None)

@@ -5,8 +5,9 @@ identical.
 
 Two settings, by model:
 - qwen2.5-coder-1.5b (default): the speedup a user comes for, in bfloat16 (the
-  dtype users run; about 4-5 minutes on 2 CPU cores, most of it plain decoding
-  at ~4.5 tokens/s). In bf16 a verify pass over several tokens rounds differently
+  dtype users run), `layer_skip` through every layer on int4 draft weights
+  (docs/draft-weights.md); about 4-5 minutes on 2 CPU cores, most of it plain
+  decoding at ~4.5 tokens/s. In bf16 a verify pass over several tokens rounds differently
   from one-token decoding, so a few tokens may differ from plain decoding (as
   for vLLM's own ngram); exactness is tested in float32 (tests/engine).
 - smollm2-135m: a quick check (about a minute) in float32, where the outputs
@@ -22,12 +23,20 @@ import time
 
 from vllm_layerskip.tools.cpu_threads import bind_every_core
 
-DEMO_SPEC = {"method": "self_sd", "profile": "shipped", "num_speculative_tokens": 8}
+# bf16: the whole model as its own draft, at a quarter of the weight bytes
+# (docs/draft-weights.md; torch's int4 kernels are slow for float32 inputs).
+# float32: the shipped self_sd profile, the model's own weights.
+BF16_SPEC = {"method": "layer_skip", "num_speculative_tokens": 8, "draft_weights": "int4"}
+FLOAT32_SPEC = {"method": "self_sd", "profile": "shipped", "num_speculative_tokens": 8}
 SETTINGS = {  # by catalog name: dtype, prompts timed, new tokens
     "qwen2.5-coder-1.5b": ("bfloat16", ["coding", "code_edit", "summarization", "rag"], 128),
     "smollm2-135m": ("float32", ["coding", "code_edit", "summarization", "rag", "writing", "math"], 96),
 }
 DEFAULT_DEMO_MODEL = "qwen2.5-coder-1.5b"
+
+
+def default_spec(dtype: str) -> dict:
+    return dict(FLOAT32_SPEC if dtype == "float32" else BF16_SPEC)
 
 
 def run_demo(args) -> int:
@@ -44,7 +53,7 @@ def run_demo(args) -> int:
     model = ensure_model(name) if name in CATALOG else name
     dtype = args.dtype or dtype
     max_tokens = args.max_tokens or max_tokens
-    spec = json.loads(args.speculative_config)
+    spec = json.loads(args.speculative_config) if args.speculative_config else default_spec(dtype)
     # The first prompt of each category is timed; another one, outside the
     # timed set (so not in the prefix cache), warms both engines up.
     questions = owned_prompts()
