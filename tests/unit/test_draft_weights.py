@@ -196,3 +196,26 @@ def test_int4_of_a_full_size_projection_while_vllm_loads_in_bf16():
     assert copy.scheme == "int4"
     x = torch.randn(1, 1536, dtype=torch.bfloat16)
     assert relative_error(copy.matmul(x), nn.functional.linear(x, layer.weight)) < 0.12
+
+
+def test_draft_weights_off_the_cpu_is_refused_before_the_engine_starts(monkeypatch):
+    from vllm.platforms import current_platform
+
+    from vllm_layerskip.core.identity import ModelIdentity
+
+    monkeypatch.setattr(type(current_platform), "is_cpu", lambda self=None: False)
+    options = LayerSkipOptions(draft_weights="int4", draft_vocab_size=0)
+    model = ModelIdentity.__new__(ModelIdentity)  # draft_vocab_size 0 reads nothing of it
+    with pytest.raises(LayerSkipConfigError, match=r"'draft_weights': 'int4' runs on CPU only.*remove the key"):
+        options.validate_for_model(model)
+
+
+def test_asked_for_draft_weights_without_copies_is_an_error_at_load():
+    from vllm_layerskip.core.proposer import LayerSkipProposerBase
+
+    proposer = SimpleNamespace(options=LayerSkipOptions(draft_weights="int4"), method="layer_skip",
+                               engine=SimpleNamespace(stack=SimpleNamespace(draft=None)))
+    proposer._draft_weights_status = lambda: LayerSkipProposerBase._draft_weights_status(proposer)
+    with pytest.raises(LayerSkipConfigError, match="was asked for but the model's linear layers "
+                                                   "were loaded without a draft copy"):
+        LayerSkipProposerBase._check_draft_weights(proposer)

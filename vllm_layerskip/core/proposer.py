@@ -13,7 +13,6 @@ import numpy as np
 
 from vllm_layerskip.core.cost_model import DraftLengthPolicy
 from vllm_layerskip.core.cpu_dtype import bf16_without_arithmetic_warning, cpu_flags
-from vllm_layerskip.core.errors import LayerSkipConfigError
 from vllm_layerskip.core.draft_engine import (
     DraftEngine,
     DraftRequests,
@@ -21,6 +20,7 @@ from vllm_layerskip.core.draft_engine import (
     empty_probs,
     write_one_hot,
 )
+from vllm_layerskip.core.errors import LayerSkipConfigError
 from vllm_layerskip.core.faults import maybe_fail
 from vllm_layerskip.core.identity import model_identity
 from vllm_layerskip.core.lookup import lookup_drafts
@@ -91,19 +91,16 @@ class LayerSkipProposerBase:
         self.on_model_loaded()
 
     def _check_draft_weights(self) -> None:
-        from vllm_layerskip.core.draft_weights import total_bytes
-
-        asked, draft = self.options.draft_weights, self.engine.stack.draft
-        if asked is not None and draft is None:
+        asked, loaded = self.options.draft_weights, self._draft_weights_status()
+        if asked is not None and loaded is None:
             raise LayerSkipConfigError(
                 f"'draft_weights': {asked!r} was asked for but the model's linear layers "
                 "were loaded without a draft copy (was the plugin loaded in the worker "
                 "before the model? vllm.general_plugins entry point)."
             )
-        if draft is not None:
+        if loaded is not None:
             logger.info("vllm-layerskip %s: drafts read %s copies of the linear weights "
-                        "(%.2f GB beside the model's)", self.method, asked,
-                        total_bytes(draft) / 1e9)
+                        "(%.2f GB beside the model's)", self.method, asked, loaded["bytes"] / 1e9)
 
     def _draft_weights_status(self) -> dict | None:
         """The quantized copies draft passes read, None without (draft_weights)."""
