@@ -98,10 +98,21 @@ class Attention:
         return out
 
 
+class MLP:
+    """vLLM's gated MLP forward."""
+
+    def __init__(self, hidden, inter):
+        self.gate_up_proj, self.down_proj = linear(2 * inter, hidden), linear(hidden, inter)
+        self.act_fn = lambda x: nn.functional.silu(x[:, :inter]) * x[:, inter:]
+
+    def forward(self, x):
+        gate_up, _ = self.gate_up_proj(x)
+        out, _ = self.down_proj(self.act_fn(gate_up))
+        return out
+
+
 def decoder_layer(scheme: str | None, hidden=64, inter=96):
-    attn = Attention(hidden)
-    mlp = SimpleNamespace(gate_up_proj=linear(2 * inter, hidden), down_proj=linear(hidden, inter),
-                          act_fn=lambda x: nn.functional.silu(x[:, :inter]) * x[:, inter:])
+    attn, mlp = Attention(hidden), MLP(hidden, inter)
     layer = SimpleNamespace(self_attn=attn, mlp=mlp, input_layernorm=None,
                             post_attention_layernorm=None)
     if scheme:

@@ -450,7 +450,7 @@ class DraftEngine:
         if metadata is None:
             metadata = self.state_metadata(runner, rows, positions)
         attn_metadata, slot_mapping = metadata
-        layer = self.stack.layers[layer_index]
+        layer = self.stack.exact_path[layer_index]
         pos_t = torch.from_numpy(positions.astype(np.int64)).to(runner.device)
         with set_forward_context(
             attn_metadata, self.vllm_config, num_tokens=len(rows), slot_mapping=slot_mapping

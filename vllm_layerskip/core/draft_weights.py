@@ -29,11 +29,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from vllm_layerskip.core.draft_layer import DraftLayer
 from vllm_layerskip.core.errors import LayerSkipConfigError
 
 SCHEMES = ("int4", "int8")
 ATTR = "layerskip_draft_linear"  # set on each vLLM linear layer that has a copy
 _GROUP = 32
+_LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 # torch's weight-only CPU kernels read fewer bytes but compute row by row: on a
 # 17920 x 1536 linear (the 1.5B's gate_up, 2-core AVX512-BF16 CPU) at 1 / 2 / 4
 # / 8 tokens, int4 took 0.95 / 1.20 / 1.69 / 3.28 ms and int8 2.01 / 2.35 /
@@ -170,52 +172,11 @@ def attach(layer: nn.Module, scheme: str) -> None:
     setattr(layer, ATTR, QuantizedLinear(layer, scheme))
 
 
-class DraftLayer:
-    """One decoder layer as a draft pass runs it with quantized linears: the
-    attention is the model's own forward seen through a proxy whose projections
-    are the quantized copies (rotary, qk-norm and the paged attention stay the
-    model's); the MLP is gate_up -> the model's activation -> down."""
-
-    def __init__(self, layer: nn.Module):
-        attn = layer.self_attn
-        self.input_layernorm = layer.input_layernorm
-        self.post_attention_layernorm = layer.post_attention_layernorm
-        self.attn = _ModuleWith(attn, qkv_proj=getattr(attn.qkv_proj, ATTR),
-                                o_proj=getattr(attn.o_proj, ATTR))
-        self.attn_forward = type(attn).forward
-        self.gate_up = getattr(layer.mlp.gate_up_proj, ATTR)
-        self.max_tokens = MAX_TOKENS[self.gate_up.scheme]
-        self.down = getattr(layer.mlp.down_proj, ATTR)
-        self.act_fn = layer.mlp.act_fn
-
-    def self_attn(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.attn_forward(self.attn, positions=positions, hidden_states=hidden_states)
-
-    def mlp(self, x: torch.Tensor) -> torch.Tensor:
-        return _first(self.down(self.act_fn(_first(self.gate_up(x)))))
-
-
-def _first(out):
-    return out[0] if isinstance(out, tuple) else out
-
-
-class _ModuleWith:
-    """A module seen through a proxy: the named attributes replaced, every other
-    one the module's own. The module itself is never modified."""
-
-    def __init__(self, module: nn.Module, **replaced):
-        self._module = module
-        self.__dict__.update(replaced)
-
-    def __getattr__(self, name: str):
-        return getattr(self._module, name)
-
-
 def draft_layers(layers: list[nn.Module]) -> list[DraftLayer] | None:
     """Each layer's quantized view, or None when no layer has draft copies;
     an error when only some have (a linear method other than vLLM's plain one)."""
     linears = [(layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
-                layer.mlp.down_proj) for layer in layers]
+                layer.mlp.down_proj) for layer in layers]  # in _LINEARS' order
     have = [all(hasattr(m, ATTR) for m in group) for group in linears]
     if not any(have):
         return None
@@ -226,8 +187,12 @@ def draft_layers(layers: list[nn.Module]) -> list[DraftLayer] | None:
             f"{missing}: they are not plain (unquantized) weights. Use a bf16/fp16/fp32 "
             "checkpoint, or remove 'draft_weights'."
         )
-    return [DraftLayer(layer) for layer in layers]
+    views = []
+    for layer, group in zip(layers, linears):
+        copies = dict(zip(_LINEARS, (getattr(m, ATTR) for m in group)))
+        views.append(DraftLayer(layer, copies, MAX_TOKENS[copies["gate_up_proj"].scheme]))
+    return views
 
 
 def total_bytes(layers: list[DraftLayer]) -> int:
-    return sum(m.nbytes for d in layers for m in (d.attn.qkv_proj, d.attn.o_proj, d.gate_up, d.down))
+    return sum(m.nbytes for d in layers for m in d.linears.values())

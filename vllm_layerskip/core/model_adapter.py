@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from vllm_layerskip.core.draft_weights import DraftLayer, draft_layers
+from vllm_layerskip.core.draft_layer import DraftLayer, eager_layers
+from vllm_layerskip.core.draft_weights import draft_layers
 from vllm_layerskip.core.errors import LayerSkipConfigError
 
 SUPPORTED_ARCHITECTURES = (
@@ -50,6 +51,9 @@ class DecoderStack:
     # [num_layers] the layers with quantized linears (core/draft_weights.py),
     # which draft passes run instead; None: drafts run the model's own weights.
     draft: list[DraftLayer] | None = None
+    # [num_layers] the layers with the model's weights as draft passes run them
+    # (core/draft_layer.py: eager custom ops on the CPU); None: `layers`.
+    eager: list[DraftLayer] | None = None
 
     @property
     def num_layers(self) -> int:
@@ -76,14 +80,21 @@ class DecoderStack:
                     f"vllm-layerskip does not support decoder layer "
                     f"{type(layer).__name__} (missing {missing or 'plain RMSNorm'})."
                 )
-        return cls(model=model, inner=inner, layers=list(layers), draft=draft_layers(list(layers)))
+        layers = list(layers)
+        return cls(model=model, inner=inner, layers=layers, draft=draft_layers(layers),
+                   eager=eager_layers(layers))
 
     def draft_path(self, num_tokens: int) -> list:
         """The layers a draft pass of `num_tokens` tokens runs: the quantized
         copies where there are some and the pass is small enough to gain."""
-        if self.draft is None or num_tokens > self.draft[0].max_tokens:
-            return self.layers
-        return self.draft
+        if self.draft is not None and num_tokens <= self.draft[0].max_tokens:
+            return self.draft
+        return self.exact_path
+
+    @property
+    def exact_path(self) -> list:
+        """The layers with the model's own weights, as draft passes run them."""
+        return self.layers if self.eager is None else self.eager
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.inner.embed_input_ids(input_ids)
@@ -98,8 +109,9 @@ class DecoderStack:
         """The model's forward with only the kept sub-layers.
 
         With every sub-layer kept (and no quantized draft weights) this calls
-        exactly what the model's own forward calls, in the same order, so the
-        draft equals the target up to kernel shape effects.
+        the model's own modules in the order its forward does (on the CPU with
+        the custom ops an eager engine calls: core/draft_layer.py), so the
+        draft equals the target up to kernel effects.
         """
         hidden = self.embed(input_ids)
         residual = None
