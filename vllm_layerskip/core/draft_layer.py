@@ -33,15 +33,14 @@ class DraftLayer:
                  max_tokens: int | None = None):
         linears = linears or {}
         attn, mlp = layer.self_attn, layer.mlp
-        self.layer = layer
         self.input_layernorm = layer.input_layernorm
         self.post_attention_layernorm = layer.post_attention_layernorm
         self.linears = linears
         self.max_tokens = max_tokens
-        self._attn = _ModuleWith(attn, **_pick(linears, "qkv_proj", "o_proj"),
+        self._attn = ModuleWith(attn, **_pick(linears, "qkv_proj", "o_proj"),
                                  **_eager_ops(attn, "rotary_emb"))
         self._attn_forward = type(attn).forward
-        self._mlp = _ModuleWith(mlp, **_pick(linears, "gate_up_proj", "down_proj"),
+        self._mlp = ModuleWith(mlp, **_pick(linears, "gate_up_proj", "down_proj"),
                                 **_eager_ops(mlp, "act_fn"))
         self._mlp_forward = type(mlp).forward
 
@@ -78,7 +77,7 @@ def _is_custom_op(op) -> bool:
     return isinstance(op, CustomOp)
 
 
-class _ModuleWith:
+class ModuleWith:
     """A module seen through a proxy: the named attributes replaced, every other
     one the module's own. The module itself is never modified."""
 

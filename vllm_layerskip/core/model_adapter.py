@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from vllm_layerskip.core.draft_layer import DraftLayer, eager_layers
+from vllm_layerskip.core.draft_layer import DraftLayer, ModuleWith, eager_layers
 from vllm_layerskip.core.draft_weights import draft_layers
 from vllm_layerskip.core.errors import LayerSkipConfigError
 
@@ -177,23 +177,10 @@ class DecoderStack:
         if attend is None:
             hidden = layer.self_attn(positions=positions, hidden_states=hidden)
         else:
-            attention = _AttentionWith(layer.self_attn, attend)
+            attention = ModuleWith(layer.self_attn, attn=attend)
             hidden = type(layer.self_attn).forward(attention, positions=positions, hidden_states=hidden)
         hidden, residual = layer.post_attention_layernorm(hidden, residual)
         return layer.mlp(hidden) + residual
-
-
-class _AttentionWith:
-    """A decoder layer's self_attn module seen through a proxy whose `attn`
-    is another function; every other attribute is the module's own. The
-    module itself is never modified, so the engine can use it meanwhile."""
-
-    def __init__(self, self_attn: nn.Module, attend):
-        self._module = self_attn
-        self.attn = attend
-
-    def __getattr__(self, name: str):
-        return getattr(self._module, name)
 
 
 def _norm(norm: nn.Module, hidden: torch.Tensor, residual: torch.Tensor | None):
