@@ -278,17 +278,6 @@ PROBE_ROWS = 4
 IDLE_FADE = 0.95
 
 
-# A longer draft must beat every shorter one by this much to be chosen. Where
-# acceptance is high the throughput of lengths 4..8 lies within ~1-2% of each
-# other by the model's own estimate, and the longest won on noise: the tail of a
-# long draft is accepted less often than the per-position rates, learnt where long
-# drafts ran, say, and a request ending inside a draft wastes it. On
-# Qwen2.5-Coder-1.5B (int4 draft weights, lookup off, compiled, 13 prompts x 64
-# tokens) the cost model drafting a mean 6.85 of K = 8 ran 4.5% slower a token
-# than fixed K = 4 (benchmarks/results/2026-11-28/pair_probe_length_20261128.md).
-LENGTH_MARGIN = 0.02
-
-
 class DraftPlan(NamedTuple):
     """One step's decision: `length` tokens (0: no drafting) for at most `rows`
     of the step's requests."""
@@ -393,20 +382,14 @@ class DraftLengthPolicy:
         if plain_verify is None or draft is None:
             return self.max_k
         best_k, best = 0, (num_reqs + other_tokens) / plain_verify * (1 + self.margin)
-        throughputs = []
         tokens, chain = 1.0, 1.0  # expected tokens per request; P(first k accepted)
         for k, rate in enumerate(self.acceptance.rates().tolist(), start=1):
             chain *= rate
             tokens += chain
             verify = self.verify_cost.predict(num_reqs * (1 + k) + other_verified, drafting=True)
             t = (num_reqs * tokens + other_tokens) / (k * draft + verify)
-            throughputs.append(t)
             if t > best:
                 best_k, best = k, t
-        # The shortest length within LENGTH_MARGIN of the best (see there).
-        for k, t in enumerate(throughputs[: max(best_k - 1, 0)], start=1):
-            if t * (1 + LENGTH_MARGIN) >= best:
-                return k
         return best_k
 
     def lookup_length(self, num_reqs: int, num_lookup: int) -> int:
