@@ -38,10 +38,10 @@ class DraftLayer:
         self.linears = linears
         self.max_tokens = max_tokens
         self._attn = ModuleWith(attn, **_pick(linears, "qkv_proj", "o_proj"),
-                                 **_eager_ops(attn, "rotary_emb"))
+                                **_eager_ops(attn, "rotary_emb"))
         self._attn_forward = type(attn).forward
         self._mlp = ModuleWith(mlp, **_pick(linears, "gate_up_proj", "down_proj"),
-                                **_eager_ops(mlp, "act_fn"))
+                               **_eager_ops(mlp, "act_fn"))
         self._mlp_forward = type(mlp).forward
 
     def self_attn(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
