@@ -28,7 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib.configs import (DEFAULT_METHODS, METHODS, build_configs, engine_groups,  # noqa: E402
                               model_config, sequential_groups)
 from benchlib.workloads import (Workload, categories_in_order, concurrent_blocks,  # noqa: E402
-                                latency_blocks, load_questions, schedule, warmup_questions)
+                                latency_blocks, load_questions, schedule, sustained_blocks,
+                                warmup_questions)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IOMP_PATH = os.path.join(ROOT, ".venv", "lib", "libiomp5.so")
@@ -62,8 +63,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="batches of N distinct questions per concurrency N")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     p.add_argument("--workloads", nargs="+", default=None, metavar="N:T",
-                   help="explicit (concurrency, temperature) pairs, e.g. 1:0 8:1; "
-                        "default: every --concurrency with every --temperatures")
+                   help="explicit (concurrency, temperature) pairs, e.g. 1:0 8:1; Ns:T keeps N "
+                        "requests in flight (as vllm bench serve --max-concurrency N) over "
+                        "blocks of 3N questions; default: every --concurrency with every "
+                        "--temperatures")
     p.add_argument("--ratios", type=float, nargs="+", default=[0.45],
                    help="layer_skip skip ratios (uniform spread; 0: nothing skipped)")
     p.add_argument("--layer-skip-sets", type=json.loads, nargs="+", default=None, metavar="JSON",
@@ -206,9 +209,13 @@ def run_group(engines, g: int, workloads, prompts, warmup, args, turns, failed, 
                 engine.generate([prompts[i] for i in warmup[:workload.concurrency]],
                                 SamplingParams(temperature=workload.temperature, max_tokens=8))
                 warmed.add((workload, name))
-            turn = engine.generate(
-                texts, SamplingParams(temperature=workload.temperature, max_tokens=args.max_tokens),
-                batch_size=args.batch_size if workload.latency else None, settle=args.settle)
+            params = SamplingParams(temperature=workload.temperature, max_tokens=args.max_tokens)
+            if workload.sustained:
+                turn = engine.generate_in_flight(texts, params, workload.concurrency,
+                                                 settle=args.settle)
+            else:
+                turn = engine.generate(texts, params, settle=args.settle,
+                                       batch_size=args.batch_size if workload.latency else None)
         except Exception as e:  # noqa: BLE001 - an engine that dies must not end the run
             failed[name] = f"failed during {workload.label}: {str(e).splitlines()[0][:300]}"
             bar.write(f"{name}: {failed[name]}")
@@ -264,13 +271,18 @@ def main() -> None:
     args.dataset_path = benchmark_dataset(args.dataset_path)
     questions = load_questions(args.dataset_path)
     cats = args.categories or categories_in_order(questions)
-    pairs = ([(int(w.split(":")[0]), float(w.split(":")[1])) for w in args.workloads]
-             if args.workloads else [(n, t) for n in args.concurrency for t in args.temperatures])
+    try:
+        wanted = ([Workload.parse(w) for w in args.workloads] if args.workloads else
+                  [Workload(n, t) for n in args.concurrency for t in args.temperatures])
+    except ValueError as e:
+        sys.exit(f"--workloads: {e}")
     workloads = []
-    for n, t in pairs:
-        blocks = (latency_blocks(questions, args.per_category, cats, args.batch_size) if n == 1
+    for w in wanted:
+        n = w.concurrency
+        blocks = (latency_blocks(questions, args.per_category, cats, args.batch_size) if w.latency
+                  else sustained_blocks(questions, n, args.rounds, cats) if w.sustained
                   else concurrent_blocks(questions, n, args.rounds, cats))
-        workloads.append((Workload(n, t), blocks))
+        workloads.append((w, blocks))
 
     per_engine = ENGINE_GIB_BESIDES_KV + float(os.environ["VLLM_CPU_KVCACHE_SPACE"])
     max_engines = args.max_engines or engines_that_fit(MEMORY_RESERVE_GIB, per_engine)

@@ -175,6 +175,7 @@ class Engine:
         self.pids: set[int] = set()
         self.startup_seconds = 0.0
         self.error: str | None = None
+        self.requests_added = 0  # request ids of generate_in_flight, unique per engine
 
     @property
     def name(self) -> str:
@@ -219,6 +220,44 @@ class Engine:
             ids = [list(o.outputs[0].token_ids) for o in outputs]
             token_ids += ids
             steps += max(len(t) for t in ids)
+        if settle:
+            time.sleep(settle)
+        return Turn(seconds, token_ids, steps, self.counters() - c0, diff_stats(self.stats(), s0))
+
+    def generate_in_flight(self, prompts: list[str], params, in_flight: int,
+                           settle: float = 0.0) -> Turn:
+        """Timed: `in_flight` requests at a time, the next prompt entering as soon
+        as a request finishes (vllm bench serve --max-concurrency), through the
+        engine's own add_request/step loop. `steps` counts the engine steps that
+        returned output (a step of prefill only, e.g. a long chunked prompt, is
+        not counted)."""
+        engine = self.llm.llm_engine
+        c0, s0 = self.counters(), self.stats()
+        waiting = list(enumerate(prompts))
+        ids: dict[str, int] = {}
+        token_ids: list[list[int]] = [[] for _ in prompts]
+        steps = 0
+
+        def admit() -> None:
+            i, prompt = waiting.pop(0)
+            self.requests_added += 1
+            request_id = f"in-flight-{self.requests_added}"
+            engine.add_request(request_id, prompt, params)  # returns vLLM's internal id
+            ids[request_id] = i  # outputs carry the id given here
+
+        self.wake()
+        t0 = time.perf_counter()
+        while waiting and len(ids) < in_flight:
+            admit()
+        while ids:
+            outputs = engine.step()
+            steps += bool(outputs)
+            for out in outputs:
+                if out.finished:
+                    token_ids[ids.pop(out.request_id)] = list(out.outputs[0].token_ids)
+                    if waiting:
+                        admit()
+        seconds = time.perf_counter() - t0
         if settle:
             time.sleep(settle)
         return Turn(seconds, token_ids, steps, self.counters() - c0, diff_stats(self.stats(), s0))

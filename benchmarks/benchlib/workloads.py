@@ -10,6 +10,12 @@ batch, not per category: requests of different categories share every engine
 step, so their time cannot be split (and categories with 10 questions cannot
 fill a batch of 32 alone).
 
+A batch ends when its slowest request does, so its time is the makespan: a method
+that finishes some requests early and none later gains nothing there. Sustained
+mode (N in flight, `--workloads 8s:0`) is what `vllm bench serve --max-concurrency
+N` measures: a block of 3N questions, N requests in flight, a new one entering as
+soon as one finishes, so the engine's batch stays full until the block drains.
+
 Schedule: the unit is a turn = (workload, block, configuration), a block being
 one generate call's questions of a category (latency) or one batch (concurrent).
 Within a block every configuration runs the same prompts back to back, so slow
@@ -32,6 +38,21 @@ from dataclasses import dataclass
 class Workload:
     concurrency: int  # 1: latency mode
     temperature: float
+    sustained: bool = False  # N requests kept in flight instead of batches of N
+
+    @classmethod
+    def parse(cls, text: str) -> "Workload":
+        """'N:T' (batches of N at temperature T; N = 1: batch 1) or 'Ns:T'
+        (N requests kept in flight)."""
+        n, _, t = text.partition(":")
+        sustained = n.endswith("s")
+        try:
+            workload = cls(int(n[:-1] if sustained else n), float(t), sustained)
+        except ValueError:
+            raise ValueError(f"workload {text!r}: expected N:T or Ns:T, e.g. 1:0, 8:1, 8s:0") from None
+        if workload.concurrency < 1 or (sustained and workload.concurrency < 2):
+            raise ValueError(f"workload {text!r}: N must be >= 1 (>= 2 with s)")
+        return workload
 
     @property
     def latency(self) -> bool:
@@ -39,7 +60,8 @@ class Workload:
 
     @property
     def label(self) -> str:
-        mode = "batch 1" if self.latency else f"{self.concurrency} concurrent"
+        mode = ("batch 1" if self.latency else f"{self.concurrency} in flight" if self.sustained
+                else f"{self.concurrency} concurrent")
         return f"{mode}, T={self.temperature:g}"
 
 
@@ -99,6 +121,13 @@ def concurrent_blocks(questions: list[dict], concurrency: int, rounds: int,
         raise ValueError(f"{need} questions needed for {rounds} x {concurrency} concurrent "
                          f"requests, only {len(order)} available")
     return [Block("mixed", order[r * concurrency:(r + 1) * concurrency]) for r in range(rounds)]
+
+
+def sustained_blocks(questions: list[dict], in_flight: int, rounds: int,
+                     categories: list[str] | None = None) -> list[Block]:
+    """`rounds` blocks of 3 x `in_flight` distinct questions, categories mixed:
+    long enough that most of a block runs with the batch full."""
+    return concurrent_blocks(questions, 3 * in_flight, rounds, categories)
 
 
 def warmup_questions(questions: list[dict], timed: set[int], n: int) -> list[int]:

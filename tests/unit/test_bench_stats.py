@@ -13,7 +13,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
 
 from benchlib.figures import ALL, speedup_intervals  # noqa: E402
 from benchlib.report import cpu_vector_isa, floor_check  # noqa: E402
-from benchlib.workloads import latency_blocks, warmup_questions  # noqa: E402
+from benchlib.workloads import (Workload, latency_blocks, sustained_blocks,  # noqa: E402
+                                warmup_questions)
 
 WORKLOAD = "batch 1, T=0"
 
@@ -89,6 +90,27 @@ def test_batch1_blocks_are_one_call_each_question_major():
     paired = latency_blocks(questions, per_category=3, batch_size=2)
     assert [(b.category, b.questions) for b in paired] == [("a", [0, 1]), ("b", [3, 4]),
                                                            ("a", [2]), ("b", [5])]
+
+
+def test_workloads_parse_batches_and_requests_kept_in_flight():
+    assert Workload.parse("1:0") == Workload(1, 0.0)
+    assert Workload.parse("8:1").label == "8 concurrent, T=1"
+    sustained = Workload.parse("8s:0")
+    assert sustained == Workload(8, 0.0, sustained=True)
+    assert sustained.label == "8 in flight, T=0" and not sustained.latency
+    for bad, says in (("8", "expected N:T or Ns:T"), ("x:0", "expected N:T or Ns:T"),
+                      ("1s:0", ">= 2 with s"), ("0:0", "N must be >= 1")):
+        with pytest.raises(ValueError, match=says):
+            Workload.parse(bad)
+
+
+def test_sustained_blocks_hold_three_times_the_requests_in_flight_categories_mixed():
+    questions = [{"category": cat, "rank": r} for cat in ("a", "b", "c") for r in range(5)]
+    blocks = sustained_blocks(questions, in_flight=2, rounds=2)
+    assert [b.questions for b in blocks] == [[0, 5, 10, 1, 6, 11], [2, 7, 12, 3, 8, 13]]
+    assert {b.category for b in blocks} == {"mixed"}
+    with pytest.raises(ValueError, match="18 questions needed"):
+        sustained_blocks(questions, in_flight=3, rounds=2)
 
 
 def test_warmup_uses_questions_outside_the_timed_set():
