@@ -41,6 +41,17 @@ MEMORY_RESERVE_GIB = 2.0  # left for others sharing the machine
 
 # ---- command line ------------------------------------------------------------------
 
+def lookup_setting(text: str) -> str:
+    """--prompt-lookup's values: default, on, off or MAX..MIN."""
+    if text in ("default", "on", "off"):
+        return text
+    high, sep, low = text.partition("..")
+    if sep and high.isdigit() and low.isdigit() and 1 <= int(low) <= int(high):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"{text!r}: expected default, on, off or MAX..MIN with 1 <= MIN <= MAX (e.g. 4..4)")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None,
@@ -86,9 +97,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--draft-vocab-sizes", type=int, nargs="+", default=None, metavar="N",
                    help="each plugin method once per pruned draft vocabulary size "
                         "(draft_vocab_size; 0: the full vocabulary); default: the plugin's default")
-    p.add_argument("--prompt-lookup", nargs="+", choices=("default", "on", "off"), default=None,
+    p.add_argument("--prompt-lookup", nargs="+", type=lookup_setting, default=None,
+                   metavar="{default,on,off,MAX..MIN}",
                    help="each plugin method with prompt lookup on (prompt_lookup_max 4, _min 2), "
-                        "off, and/or as the plugin's default")
+                        "off, MAX..MIN (e.g. 4..4: only matches of 4 tokens), and/or as the "
+                        "plugin's default")
     p.add_argument("--draft-weights", nargs="+", choices=("default", "int4", "int8"), default=None,
                    help="each plugin method once per draft_weights setting (quantized copies of "
                         "the linear weights that draft passes read; default: the plugin's)")

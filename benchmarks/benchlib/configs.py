@@ -165,6 +165,10 @@ def with_variants(configs: list[Config], args) -> list[Config]:
             elif lookup == "off":
                 spec.update(prompt_lookup_max=0)
                 label += ", no lookup"
+            elif lookup != "default":  # MAX..MIN
+                high, low = (int(x) for x in lookup.split(".."))
+                spec.update(prompt_lookup_max=high, prompt_lookup_min=low)
+                label += f", lookup {high}..{low}"
             if weights != "default":
                 spec["draft_weights"] = weights
                 label += f", {weights} draft weights"
