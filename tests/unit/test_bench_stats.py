@@ -104,6 +104,22 @@ def test_workloads_parse_batches_and_requests_kept_in_flight():
             Workload.parse(bad)
 
 
+def test_prompt_lookup_rows_take_max_dot_dot_min():
+    from bench_methods import parse_args
+
+    assert parse_args(["--prompt-lookup", "default", "4..4", "off"]).prompt_lookup == [
+        "default", "4..4", "off"]
+    for bad in ("2..4", "4..0", "4", "x..2"):
+        with pytest.raises(SystemExit):
+            parse_args(["--prompt-lookup", bad])
+    from benchlib.configs import Config, with_variants
+
+    base = Config("layer_skip", "layer_skip", {"method": "layer_skip"}, family="plugin")
+    rows = with_variants([base], parse_args(["--prompt-lookup", "default", "4..4"]))
+    assert [(c.name, c.spec.get("prompt_lookup_max"), c.spec.get("prompt_lookup_min"))
+            for c in rows] == [("layer_skip", None, None), ("layer_skip, lookup 4..4", 4, 4)]
+
+
 def test_sustained_blocks_hold_three_times_the_requests_in_flight_categories_mixed():
     questions = [{"category": cat, "rank": r} for cat in ("a", "b", "c") for r in range(5)]
     blocks = sustained_blocks(questions, in_flight=2, rounds=2)
