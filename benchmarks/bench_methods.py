@@ -26,7 +26,7 @@ from dataclasses import asdict
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from benchlib.configs import (DEFAULT_METHODS, METHODS, build_configs, engine_groups,  # noqa: E402
-                              model_config, sequential_groups)
+                              lookup_bounds, model_config, sequential_groups)
 from benchlib.workloads import (Workload, categories_in_order, concurrent_blocks,  # noqa: E402
                                 latency_blocks, load_questions, schedule, sustained_blocks,
                                 warmup_questions)
@@ -43,13 +43,12 @@ MEMORY_RESERVE_GIB = 2.0  # left for others sharing the machine
 
 def lookup_setting(text: str) -> str:
     """--prompt-lookup's values: default, on, off or MAX..MIN."""
-    if text in ("default", "on", "off"):
-        return text
-    high, sep, low = text.partition("..")
-    if sep and high.isdigit() and low.isdigit() and 1 <= int(low) <= int(high):
-        return text
-    raise argparse.ArgumentTypeError(
-        f"{text!r}: expected default, on, off or MAX..MIN with 1 <= MIN <= MAX (e.g. 4..4)")
+    if text not in ("default", "on", "off"):
+        try:
+            lookup_bounds(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -81,7 +81,7 @@ def table(by_n: dict, k: int) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run", help="a bench_methods.py .json (it has plain's token ids)")
     p.add_argument("--model", required=True, help="the run's model (its tokenizer and chat template)")
@@ -89,7 +89,7 @@ def main() -> None:
     p.add_argument("--max-n", type=int, default=8)
     p.add_argument("--min-n", type=int, default=2)
     p.add_argument("--k", type=int, default=4, help="draft length replayed")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if not 1 <= args.min_n <= args.max_n:
         sys.exit(f"--min-n {args.min_n} / --max-n {args.max_n}: need 1 <= min <= max")
 

@@ -165,8 +165,8 @@ def with_variants(configs: list[Config], args) -> list[Config]:
             elif lookup == "off":
                 spec.update(prompt_lookup_max=0)
                 label += ", no lookup"
-            elif lookup != "default":  # MAX..MIN
-                high, low = (int(x) for x in lookup.split(".."))
+            elif lookup != "default":
+                high, low = lookup_bounds(lookup)
                 spec.update(prompt_lookup_max=high, prompt_lookup_min=low)
                 label += f", lookup {high}..{low}"
             if weights != "default":
@@ -175,6 +175,16 @@ def with_variants(configs: list[Config], args) -> list[Config]:
             out.append(Config(label, config.method, spec, config.skip_reason, config.family,
                               dict(config.extra)))
     return out
+
+
+def lookup_bounds(setting: str) -> tuple[int, int]:
+    """(prompt_lookup_max, prompt_lookup_min) of a --prompt-lookup 'MAX..MIN'
+    setting; ValueError, saying what is expected, for anything else."""
+    high, sep, low = setting.partition("..")
+    if sep and high.isdigit() and low.isdigit() and 1 <= int(low) <= int(high):
+        return int(high), int(low)
+    raise ValueError(f"{setting!r}: expected default, on, off or MAX..MIN with "
+                     "1 <= MIN <= MAX (e.g. 4..4)")
 
 
 def plugin_methods_available() -> tuple[str, ...]:

@@ -160,7 +160,9 @@ class Turn:
 
     seconds: float
     token_ids: list[list[int]]
-    steps: int  # engine steps, approximated by the longest output of each call
+    # Engine steps: the longest output of each generate call (batches), the steps
+    # that returned output (generate_in_flight).
+    steps: int
     counters: Counters
     stats: dict
 
@@ -209,7 +211,7 @@ class Engine:
         """Timed generate calls: all prompts at once (the engine batches them),
         or `batch_size` per call. Counters and stats are read after `settle`
         seconds so a background optimizer's trailing work is counted here."""
-        c0, s0 = self.counters(), self.stats()
+        before = self.counters(), self.stats()
         size = batch_size or len(prompts)
         token_ids, seconds, steps = [], 0.0, 0
         for i in range(0, len(prompts), size):
@@ -220,9 +222,7 @@ class Engine:
             ids = [list(o.outputs[0].token_ids) for o in outputs]
             token_ids += ids
             steps += max(len(t) for t in ids)
-        if settle:
-            time.sleep(settle)
-        return Turn(seconds, token_ids, steps, self.counters() - c0, diff_stats(self.stats(), s0))
+        return self._turn(seconds, token_ids, steps, before, settle)
 
     def generate_in_flight(self, prompts: list[str], params, in_flight: int,
                            settle: float = 0.0) -> Turn:
@@ -232,7 +232,7 @@ class Engine:
         returned output (a step of prefill only, e.g. a long chunked prompt, is
         not counted)."""
         engine = self.llm.llm_engine
-        c0, s0 = self.counters(), self.stats()
+        before = self.counters(), self.stats()
         waiting = list(enumerate(prompts))
         ids: dict[str, int] = {}
         token_ids: list[list[int]] = [[] for _ in prompts]
@@ -258,9 +258,17 @@ class Engine:
                     if waiting:
                         admit()
         seconds = time.perf_counter() - t0
+        return self._turn(seconds, token_ids, steps, before, settle)
+
+    def _turn(self, seconds: float, token_ids: list[list[int]], steps: int,
+              before: tuple[Counters, dict], settle: float) -> Turn:
+        """The turn, its counters and stats read `settle` seconds after it ended
+        so a background optimizer's trailing work is counted in it."""
         if settle:
             time.sleep(settle)
-        return Turn(seconds, token_ids, steps, self.counters() - c0, diff_stats(self.stats(), s0))
+        counters, stats = before
+        return Turn(seconds, token_ids, steps, self.counters() - counters,
+                    diff_stats(self.stats(), stats))
 
     def wake(self) -> None:
         """A no-op RPC right before a timed call. A worker idle for over 1 s

@@ -10,6 +10,7 @@ import platform
 import sys
 
 from .figures import ALL, plain_name
+from .workloads import BLOCK_PER_IN_FLIGHT
 
 # The floor for every layer-skip method with the cost model on: at least
 # this fraction of plain decoding's tokens/s in every category.
@@ -101,7 +102,8 @@ def header(args, info: dict, workloads, n_engines: int, groups: int) -> str:
         f"(first turn, chat template), one request at a time"
         + (f" ({args.batch_size} per call)" if args.batch_size > 1 else "")
         + f". Concurrent: {args.rounds} batch(es) of N questions drawn across categories, "
-        "submitted at once; N in flight: as many blocks of 3N, N requests running at a time. "
+        f"submitted at once; N in flight: as many blocks of {BLOCK_PER_IN_FLIGHT}N, N requests "
+        "running at a time. "
         + (f"{n_engines} engines, one alive at a time (--sequential), plain first: every "
          "configuration ran the same prompts after plain, not interleaved with it, so a "
          "change of the machine's speed over the run enters the speedups (the A/A control, "
@@ -284,8 +286,9 @@ def markdown(args, info, workloads, configs, rows, skipped, failed, final_stats,
              header(args, info, workloads, n_engines, groups), ""]
     for w, _ in workloads:
         label = w.label
-        mode = ("" if w.latency else f" ({3 * w.concurrency} requests a block, a new one entering "
-                "as one finishes)" if w.sustained else " (all requests of a batch together)")
+        mode = ("" if w.latency else f" ({BLOCK_PER_IN_FLIGHT * w.concurrency} requests a block, "
+                "a new one entering as one finishes)" if w.sustained
+                else " (all requests of a batch together)")
         parts += [f"## {label}{mode}",
                   "", overall_table(rows, label, names), ""]
         controls = [r for r in rows if r["workload"] == label and r["category"] == ALL

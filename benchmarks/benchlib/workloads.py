@@ -33,6 +33,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+# A sustained block holds this many times the requests in flight: long enough
+# that most of it runs with the batch full before it drains.
+BLOCK_PER_IN_FLIGHT = 3
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -125,9 +129,9 @@ def concurrent_blocks(questions: list[dict], concurrency: int, rounds: int,
 
 def sustained_blocks(questions: list[dict], in_flight: int, rounds: int,
                      categories: list[str] | None = None) -> list[Block]:
-    """`rounds` blocks of 3 x `in_flight` distinct questions, categories mixed:
-    long enough that most of a block runs with the batch full."""
-    return concurrent_blocks(questions, 3 * in_flight, rounds, categories)
+    """`rounds` blocks of BLOCK_PER_IN_FLIGHT x `in_flight` distinct questions,
+    categories mixed."""
+    return concurrent_blocks(questions, BLOCK_PER_IN_FLIGHT * in_flight, rounds, categories)
 
 
 def warmup_questions(questions: list[dict], timed: set[int], n: int) -> list[int]:

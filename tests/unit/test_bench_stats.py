@@ -120,6 +120,30 @@ def test_prompt_lookup_rows_take_max_dot_dot_min():
             for c in rows] == [("layer_skip", None, None), ("layer_skip, lookup 4..4", 4, 4)]
 
 
+def test_lookup_replay_counts_acceptance_by_matched_length():
+    from lookup_match_length import replay
+
+    # The output repeats the prompt's "1 2 3 4 5", then parts from it (7, not 6).
+    prompt, output = [1, 2, 3, 4, 5, 6, 9], [1, 2, 3, 4, 5, 7]
+    by_n = replay([(prompt, output)], max_n=3, min_n=2, k=3)
+    # After "1 2": only the 2-token match, its draft "3 4 5" accepted whole.
+    drafts, offered, accepted = by_n[2]
+    assert (drafts, offered.tolist(), accepted.tolist()) == (1, [1, 1, 1], [1, 1, 1])
+    # After "1 2 3", "2 3 4", "3 4 5": 3-token matches (the longest wins), drafting
+    # "4 5 6" (2 accepted), "5 6 9" (1), "6 9 1" (0); a draft position counts as
+    # offered up to the first rejection and within the output's end.
+    drafts, offered, accepted = by_n[3]
+    assert (drafts, offered.tolist(), accepted.tolist()) == (3, [3, 2, 1], [2, 1, 0])
+    assert sorted(by_n) == [2, 3]
+
+
+def test_lookup_replay_refuses_min_above_max(tmp_path):
+    from lookup_match_length import main
+
+    with pytest.raises(SystemExit, match="need 1 <= min <= max"):
+        main([str(tmp_path / "run.json"), "--model", "m", "--min-n", "5", "--max-n", "3"])
+
+
 def test_sustained_blocks_hold_three_times_the_requests_in_flight_categories_mixed():
     questions = [{"category": cat, "rank": r} for cat in ("a", "b", "c") for r in range(5)]
     blocks = sustained_blocks(questions, in_flight=2, rounds=2)
