@@ -101,7 +101,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="each plugin method with prompt lookup on (prompt_lookup_max 4, _min 2), "
                         "off, MAX..MIN (e.g. 4..4: only matches of 4 tokens), and/or as the "
                         "plugin's default")
-    p.add_argument("--draft-weights", nargs="+", choices=("default", "int4", "int8"), default=None,
+    p.add_argument("--draft-weights", nargs="+", choices=("default", "int4", "int8", "w8a8"), default=None,
                    help="each plugin method once per draft_weights setting (quantized copies of "
                         "the linear weights that draft passes read; default: the plugin's)")
     p.add_argument("--dtype", default="float32")

@@ -272,8 +272,8 @@ def weight_params(model_cfg: dict) -> dict:
 
 # Bytes a draft weight reads relative to bf16, by draft_weights scheme
 # (core/draft_weights.py): int4 with a bf16 scale and zero per 32 weights is
-# 5 bits a weight; int8 with a scale per row about 8.
-BYTES_VS_BF16 = {None: 1.0, "int4": 5 / 16, "int8": 0.5}
+# 5 bits a weight; int8 and w8a8 with a scale per row about 8.
+BYTES_VS_BF16 = {None: 1.0, "int4": 5 / 16, "int8": 0.5, "w8a8": 0.5}
 
 
 def draft_weight_fraction(model_cfg: dict, num_attn_skipped: int, num_mlp_skipped: int,

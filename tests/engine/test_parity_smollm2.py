@@ -71,6 +71,10 @@ CONFIGS = {
     # than 4 tokens), the batch's tail and the single prompt through the copies.
     "K4-int4-draft-weights": {"num_speculative_tokens": 4, "skip_ratio": 0.1,
                               "draft_weights": "int4", **FIXED},
+    # Int8 weights and per-token int8 activations: every pass through the
+    # copies, the batch of 8 included.
+    "K4-w8a8-draft-weights": {"num_speculative_tokens": 4, "skip_ratio": 0.1,
+                              "draft_weights": "w8a8", **FIXED},
     # SWIFT with its optimizer busy the whole run: a short context window, a
     # Bayesian suggestion every 3rd candidate, no early stop (a target matchness
     # of 1.0 is never exceeded: at 0.95 a CI run reached it after 24 candidates
@@ -153,8 +157,9 @@ def test_layer_skip_greedy_parity(smollm2_path, plain, name):
             assert swift["bayes_suggestions"] >= 5, swift
     if name.startswith("self_sd"):
         assert status["self_sd"]["threshold_updates"] > 20, status["self_sd"]
-    if name == "K4-int4-draft-weights":
-        assert status["draft_weights"]["scheme"] == "int4", status["draft_weights"]
+    if name in ("K4-int4-draft-weights", "K4-w8a8-draft-weights"):
+        scheme = name.split("-")[1]
+        assert status["draft_weights"]["scheme"] == scheme, status["draft_weights"]
         # A coarse copy of the model, most of whose drafts are still accepted.
         assert counters.acceptance_rate >= 0.5, counters
     else:

@@ -98,13 +98,16 @@ CONFIGS = {
     # so this engine runs at most 4 requests a step: every draft reads the copies.
     "layer_skip-int4-draft-weights": {"method": "layer_skip", "skip_mlp": [2], "prompt_lookup_max": 0,
                                       "draft_weights": "int4"},
+    # Int8 weights and per-token int8 activations: passes of any size read the copies.
+    "layer_skip-w8a8-draft-weights": {"method": "layer_skip", "skip_mlp": [2], "prompt_lookup_max": 0,
+                                      "draft_weights": "w8a8"},
 }
 
 
 @pytest.mark.parametrize("method", list(CONFIGS))
 def test_sampling_distribution_matches_plain(tiny_llama, plain_samples, method):
     config = {"num_speculative_tokens": 3, "adaptive_draft_length": False, **CONFIGS[method]}
-    narrow = {"max_num_seqs": 4} if "draft_weights" in config else {}
+    narrow = {"max_num_seqs": 4} if config.get("draft_weights") == "int4" else {}
     llm = make_llm(tiny_llama, in_process=True, speculative_config=config, max_model_len=256, **narrow)
     try:
         spec = sample(llm, 1.0)
@@ -113,7 +116,7 @@ def test_sampling_distribution_matches_plain(tiny_llama, plain_samples, method):
     finally:
         shutdown(llm)
     if "draft_weights" in config:
-        assert status["draft_weights"]["scheme"] == "int4", status["draft_weights"]
+        assert status["draft_weights"]["scheme"] == config["draft_weights"], status["draft_weights"]
     if method == "swift":
         # ~1500 requests of 4 tokens run in a few waves of 4 steps each: every
         # step scored a candidate.

@@ -464,7 +464,9 @@ def test_a_price_per_drafting_step_keeps_short_copies_off_where_they_do_not_pay(
     assert policy_after(0.0, True).choose_with_lookup(8, False, num_lookup=8)[0] == 1
     priced = policy_after(0.1, True)
     assert priced.choose_with_lookup(8, False, num_lookup=8)[0] == 0
-    assert priced.summary()["verify_ms"][8] == {"plain": 380.0, "drafting_price": 100.0}
+    assert priced.summary()["verify_ms"][8] == {"plain": 380.0, "per_token": 20.0,
+                                                "drafting_price": 100.0}
+    assert priced.summary()["draft_ms"] == {}  # no draft pass timed
     assert policy_after(0.1, False).choose_with_lookup(8, False, num_lookup=8)[0] == 1
 
 

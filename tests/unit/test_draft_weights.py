@@ -33,7 +33,7 @@ def relative_error(got, want):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("scheme,bound", [("int4", 0.12), ("int8", 0.01)])
+@pytest.mark.parametrize("scheme,bound", [("int4", 0.12), ("int8", 0.01), ("w8a8", 0.03)])
 def test_quantized_linear_approximates_the_layer(scheme, bound, dtype):
     layer = linear(96, 128, bias=True, dtype=dtype)
     x = torch.randn(3, 128, dtype=dtype)
@@ -41,8 +41,8 @@ def test_quantized_linear_approximates_the_layer(scheme, bound, dtype):
     want = nn.functional.linear(x.float(), layer.weight.float(), layer.bias.float())
     assert extra is None and out.dtype == dtype and out.shape == (3, 96)
     error = relative_error(out, want)
-    # int4 (16 levels a group of 32) is a coarse copy, int8 a close one; both
-    # far from an unrelated output (relative error ~1.4).
+    # int4 (16 levels a group of 32) is a coarse copy, int8 a close one, w8a8
+    # rounds the input too; all far from an unrelated output (relative error ~1.4).
     assert error < bound, error
     assert error > 1e-4, "a quantized copy that equals the layer exactly: is it quantized?"
 
@@ -52,6 +52,28 @@ def test_int4_copy_is_a_quarter_of_the_bytes():
     copy = QuantizedLinear(layer, "int4")
     # 4 bits a weight, plus a bf16 scale and zero per 32 weights.
     assert copy.nbytes == 256 * 512 // 2 + 2 * 2 * 256 * 512 // 32
+
+
+def test_w8a8_quantizes_each_token_on_its_own_range():
+    # One token 1000x larger than the others shares the pass: with one range for
+    # the whole input (FBGEMM's own) the small tokens would round to ~nothing.
+    layer = linear(64, 128, bias=True, dtype=torch.bfloat16)
+    copy = QuantizedLinear(layer, "w8a8")
+    x = torch.randn(4, 128, dtype=torch.bfloat16)
+    x[2] *= 1000
+    want = nn.functional.linear(x.float(), layer.weight.float(), layer.bias.float())
+    out, _ = copy(x)
+    for row in range(4):
+        assert relative_error(out[row], want[row]) < 0.03, row
+    assert copy.nbytes == 64 * (128 + 16)
+
+
+def test_w8a8_without_fbgemm_says_what_to_use(monkeypatch):
+    monkeypatch.setattr(draft_weights, "_quantized_engines", lambda: ["qnnpack"])
+    with pytest.raises(LayerSkipConfigError, match=r"\"w8a8\" needs torch's FBGEMM int8 kernels "
+                                                    r"\(x86 CPUs\); this torch has only qnnpack. "
+                                                    r"Use \"int4\" or \"int8\""):
+        QuantizedLinear(linear(32, 64), "w8a8")
 
 
 def test_shapes_the_int4_kernel_cannot_take_fall_back_to_int8():
@@ -151,10 +173,16 @@ def test_draft_passes_use_the_copies_only_while_they_are_faster(scheme, small, l
     assert DecoderStack(model=None, inner=None, layers=layers).draft_path(1) is layers
 
 
+def test_w8a8_copies_serve_passes_of_any_size():
+    layers = [decoder_layer("w8a8")]
+    stack = DecoderStack(model=None, inner=None, layers=layers, draft=draft_layers(layers))
+    assert stack.draft_path(1) is stack.draft and stack.draft_path(4096) is stack.draft
+
+
 def test_option_errors_name_the_value_and_the_choices():
     assert LayerSkipOptions(draft_weights="int4").draft_weights == "int4"
     assert LayerSkipOptions().draft_weights is None
-    with pytest.raises(LayerSkipConfigError, match=r"must be one of 'int4', 'int8', got 'INT4' "
+    with pytest.raises(LayerSkipConfigError, match=r"must be one of 'int4', 'int8', 'w8a8', got 'INT4' "
                                                     r"\(did you mean \"int4\"\?\)"):
         LayerSkipOptions(draft_weights="INT4")
     with pytest.raises(LayerSkipConfigError, match="got 4;"):
@@ -166,7 +194,7 @@ def test_gpu_weights_are_refused_with_what_to_do():
         device=torch.device("meta"), dtype=torch.bfloat16, shape=(8, 32))))
     with pytest.raises(LayerSkipConfigError, match="runs on CPU only.*Remove the key"):
         QuantizedLinear(layer, "int4")
-    assert draft_weights.SCHEMES == ("int4", "int8")
+    assert draft_weights.SCHEMES == ("int4", "int8", "w8a8")
 
 
 def dequantized(copy: QuantizedLinear, k: int) -> torch.Tensor:

@@ -166,6 +166,11 @@ class VerifyCost:
         return self.tokens_only.single_size
 
     @property
+    def per_token(self) -> float:
+        """v1: what each more token of a step costs (seconds)."""
+        return self._line()[1]
+
+    @property
     def drafting_price(self) -> float:
         """s: what verifying drafts costs a step on top of its tokens (seconds)."""
         return self._line()[2]
@@ -568,11 +573,18 @@ class DraftLengthPolicy:
                 round(float(r), 3) for r in self.lookup_acceptance.rates()
             ],
             "continuation_steps": self.continuation_steps,
-            # Per batch-size bucket: a plain step's verify seconds and what a
-            # step that verifies drafts pays on top of its tokens (VerifyCost).
+            # Per batch-size bucket: a plain step's verify seconds, what each
+            # more token costs it and what a step that verifies drafts pays on
+            # top of its tokens (VerifyCost); a draft pass for that many
+            # requests. What the decision weighs, for a reader of the status.
             "verify_ms": {
                 bucket: {"plain": round(1000 * (line.predict(bucket) or 0.0), 1),
+                         "per_token": round(1000 * line.per_token, 2),
                          "drafting_price": round(1000 * line.drafting_price, 1)}
                 for bucket, line in sorted(self.verify_costs.items()) if len(line)
+            },
+            "draft_ms": {
+                bucket: round(1000 * self.draft_cost.predict(bucket), 1)
+                for bucket in sorted(self.verify_costs) if len(self.draft_cost)
             },
         }

@@ -43,8 +43,8 @@ class DraftingOptions:
     as many ids as the file was made for."""
 
     draft_weights: str | None = None
-    """Draft passes read the decoder's linear weights quantized, "int4" or
-    "int8": a copy made at load (core/draft_weights.py), verification keeps the
+    """Draft passes read the decoder's linear weights quantized, "int4", "int8"
+    or "w8a8" (int8 weights and activations, for passes of many tokens): a copy made at load (core/draft_weights.py), verification keeps the
     model's own weights. Unset: drafts read the model's weights. CPU only."""
 
     prompt_lookup_max: int | None = None
@@ -125,7 +125,7 @@ class DraftingOptions:
             if not current_platform.is_cpu():
                 raise LayerSkipConfigError(
                     f"'draft_weights': {self.draft_weights!r} runs on CPU only (torch's "
-                    "weight-only CPU kernels); remove the key on this platform.")
+                    "quantized CPU kernels); remove the key on this platform.")
 
     def validate_for_parallelism(self, tensor_parallel_size: int) -> None:
         """Raise LayerSkipConfigError if the options cannot apply to this layout."""
