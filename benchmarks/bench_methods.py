@@ -30,6 +30,7 @@ from benchlib.configs import (DEFAULT_METHODS, METHODS, build_configs, engine_gr
 from benchlib.workloads import (Workload, categories_in_order, concurrent_blocks,  # noqa: E402
                                 latency_blocks, load_questions, schedule, sustained_blocks,
                                 warmup_questions)
+from vllm_layerskip.core.draft_weights import SCHEMES as DRAFT_WEIGHT_SCHEMES  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IOMP_PATH = os.path.join(ROOT, ".venv", "lib", "libiomp5.so")
@@ -101,7 +102,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="each plugin method with prompt lookup on (prompt_lookup_max 4, _min 2), "
                         "off, MAX..MIN (e.g. 4..4: only matches of 4 tokens), and/or as the "
                         "plugin's default")
-    p.add_argument("--draft-weights", nargs="+", choices=("default", "int4", "int8", "w8a8"), default=None,
+    p.add_argument("--draft-weights", nargs="+", choices=("default", *DRAFT_WEIGHT_SCHEMES), default=None,
                    help="each plugin method once per draft_weights setting (quantized copies of "
                         "the linear weights that draft passes read; default: the plugin's)")
     p.add_argument("--dtype", default="float32")

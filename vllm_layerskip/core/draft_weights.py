@@ -38,6 +38,7 @@ import warnings
 import torch
 from torch import nn
 
+from vllm_layerskip.core.cpu_dtype import cpu_flags
 from vllm_layerskip.core.draft_layer import DraftLayer
 from vllm_layerskip.core.errors import LayerSkipConfigError
 
@@ -75,7 +76,7 @@ class QuantizedLinear:
             self.packed, self.scales = _quantize_int4(weight)
         elif scheme == "w8a8":
             self.scheme = "w8a8"
-            self.packed, self.scales = _prepack_w8a8(weight)
+            self.packed = _prepack_w8a8(weight)
         else:
             self.scheme = "int8"
             self.packed, self.scales = _quantize_int8(weight)
@@ -94,7 +95,7 @@ class QuantizedLinear:
     @property
     def nbytes(self) -> int:
         if self.scheme == "w8a8":  # FBGEMM's packed int8 weight, a scale, zero and offset a row
-            return self.scales.numel() * (self.in_features + 16)
+            return self.out_features * (self.in_features + 16)
         return self.packed.nbytes + self.scales.nbytes
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
@@ -184,14 +185,13 @@ def _quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _prepack_w8a8(weight: torch.Tensor):
-    """(FBGEMM's packed int8 weight, its [n] float scales)."""
+    """FBGEMM's packed int8 weight (one scale a row)."""
     engines = _quantized_engines()
     if "fbgemm" not in engines:
         raise LayerSkipConfigError(
             f"'draft_weights': \"w8a8\" needs torch's FBGEMM int8 kernels (x86 CPUs); this "
             f"torch has only {', '.join(engines)}. Use \"int4\" or \"int8\".")
     q, scale = _quantize_int8(weight)
-    scale = scale.float()
     zeros = torch.zeros(q.shape[0], dtype=torch.long)
     previous = torch.backends.quantized.engine
     try:
@@ -199,7 +199,7 @@ def _prepack_w8a8(weight: torch.Tensor):
         with warnings.catch_warnings():  # torch deprecates quantized tensors; 0.32's torch has them
             warnings.simplefilter("ignore")
             qweight = torch._make_per_channel_quantized_tensor(q, scale.double(), zeros, 0)
-            return torch.ops.quantized.linear_prepack(qweight, None), scale
+            return torch.ops.quantized.linear_prepack(qweight, None)
     finally:
         torch.backends.quantized.engine = previous
 
@@ -225,12 +225,8 @@ def _has_vnni() -> bool:
     kernels add pairs of u8 x s8 products in int16, which saturates unless the
     activations keep to 7 bits (reduce_range). A saturated sum only makes a
     draft worse, never the output (verification reads the model's weights)."""
-    try:
-        with open("/proc/cpuinfo") as info:
-            flags = next((line for line in info if line.startswith("flags")), "")
-    except OSError:
-        return False
-    return " avx512_vnni" in flags or " avx_vnni" in flags
+    flags = cpu_flags() or set()
+    return "avx512_vnni" in flags or "avx_vnni" in flags
 
 
 def attach(layer: nn.Module, scheme: str) -> None:
