@@ -177,6 +177,7 @@ def test_w8a8_copies_serve_passes_of_any_size():
     layers = [decoder_layer("w8a8")]
     stack = DecoderStack(model=None, inner=None, layers=layers, draft=draft_layers(layers))
     assert stack.draft_path(1) is stack.draft and stack.draft_path(4096) is stack.draft
+    assert stack.draft[0].max_tokens is None  # status: "max_tokens_per_pass": null
 
 
 def test_option_errors_name_the_value_and_the_choices():

@@ -87,7 +87,8 @@ class DecoderStack:
     def draft_path(self, num_tokens: int) -> list:
         """The layers a draft pass of `num_tokens` tokens runs: the quantized
         copies where there are some and the pass is small enough to gain."""
-        if self.draft is not None and num_tokens <= self.draft[0].max_tokens:
+        limit = None if self.draft is None else self.draft[0].max_tokens
+        if self.draft is not None and (limit is None or num_tokens <= limit):
             return self.draft
         return self.exact_path
 
