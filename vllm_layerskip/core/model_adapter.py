@@ -87,9 +87,10 @@ class DecoderStack:
     def draft_path(self, num_tokens: int) -> list:
         """The layers a draft pass of `num_tokens` tokens runs: the quantized
         copies where there are some and the pass is small enough to gain."""
-        limit = None if self.draft is None else self.draft[0].max_tokens
-        if self.draft is not None and (limit is None or num_tokens <= limit):
-            return self.draft
+        if self.draft is not None:
+            limit = self.draft[0].max_tokens  # None: passes of any size gain
+            if limit is None or num_tokens <= limit:
+                return self.draft
         return self.exact_path
 
     @property
