@@ -1,6 +1,7 @@
 """One pass through a model's linear layers per draft_weights kernel, at 1-32
-tokens: torch's bf16 linear (oneDNN), the int4 weight-only kernel ("int4") and
-FBGEMM's dynamic int8 linear ("w8a8"). Every layer has its own random weights
+tokens: torch's bf16 linear (oneDNN) and the draft copies of core/draft_weights.py
+as draft passes call them, "int4" (torch's weight-only kernel) and "w8a8" (FBGEMM's
+dynamic int8 linear, each token on its own range). Every layer has its own random weights
 (28 layers x qkv, o, gate_up, down by default: Qwen2.5-Coder-1.5B's shapes), so
 a pass reads them from memory, as a draft pass does, not from the caches.
 Milliseconds for the whole pass; the figures in core/draft_weights.py and
@@ -28,37 +29,34 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     warnings.filterwarnings("ignore")  # torch deprecates its quantized tensors
-    torch.backends.quantized.engine = "fbgemm"
+    from vllm_layerskip.core.draft_weights import QuantizedLinear
+
     h = args.hidden
     shapes = [(args.qkv, h), (h, h), (2 * args.intermediate, h), (h, args.intermediate)] * args.layers
-    bf16, int4, w8a8 = [], [], []
+    bf16, copies = [], {"int4": [], "w8a8": []}
     for n, k in shapes:
-        w = torch.randn(n, k) * 0.02
-        bf16.append(w.bfloat16())
-        q = torch.randint(0, 16, (n, k), dtype=torch.int32)
-        int4.append((torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1),
-                     torch.randn(k // 32, n, 2).bfloat16()))
-        scale = (w.abs().amax(1) / 127).double()
-        qw = torch.quantize_per_channel(w, scale, torch.zeros(n, dtype=torch.long), 0, torch.qint8)
-        w8a8.append(torch.ops.quantized.linear_prepack(qw, None))
+        layer = torch.nn.Linear(k, n, bias=False, dtype=torch.bfloat16)
+        torch.nn.init.normal_(layer.weight, std=0.02)
+        bf16.append(layer.weight.detach())
+        for scheme, made in copies.items():  # the copies draft passes read, made as they are
+            made.append(QuantizedLinear(layer, scheme))
 
-    def inputs(m, dtype):
-        return {k: torch.randn(m, k).to(dtype) for k in {k for _, k in shapes}}
+    def inputs(m):
+        return {k: torch.randn(m, k, dtype=torch.bfloat16) for k in {k for _, k in shapes}}
 
     def run_bf16(m):
-        x = inputs(m, torch.bfloat16)
+        x = inputs(m)
         for w in bf16:
             torch.nn.functional.linear(x[w.shape[1]], w)
 
-    def run_int4(m):
-        x = inputs(m, torch.bfloat16)
-        for (packed, scales), (_, k) in zip(int4, shapes):
-            torch.ops.aten._weight_int4pack_mm_for_cpu(x[k], packed, 32, scales)
+    def run_copies(scheme):
+        def run(m):
+            x = inputs(m)
+            for copy in copies[scheme]:
+                copy.matmul(x[copy.in_features])
+        return run
 
-    def run_w8a8(m):
-        x = inputs(m, torch.float32)
-        for packed, (_, k) in zip(w8a8, shapes):
-            torch.ops.quantized.linear_dynamic(x[k], packed, False)
+    run_int4, run_w8a8 = run_copies("int4"), run_copies("w8a8")
 
     def ms(run, m):
         run(m)
