@@ -245,3 +245,18 @@ def test_validation_prompts_choose_among_the_best_sets(tmp_path, monkeypatch):
         search_tool.run_search(SimpleNamespace(**{**vars(args), "validate_prompts": 4}))
     with pytest.raises(LayerSkipConfigError, match="--validate-top T >= 1"):
         search_tool.run_search(SimpleNamespace(**{**vars(args), "validate_top": 0}))
+
+
+def test_every_shipped_profile_loads_for_the_model_it_names():
+    # A shipped file another model's engine would refuse at start-up (a typo in
+    # a set, an index outside its model, an edited identity) fails here, without
+    # the model's weights.
+    paths = sorted(PROFILE.shipped_dir.glob("*.json"))
+    assert {p.stem for p in paths} >= {"SmolLM2-135M-Instruct", "Qwen2.5-Coder-1.5B-Instruct"}
+    for path in paths:
+        data = json.loads(path.read_text())
+        profile = load_profile("shipped", ModelIdentity.from_dict(data["model"]))
+        assert profile.num_skipped == len(set(data["skip_attn"])) + len(set(data["skip_mlp"])) > 0
+    qwen = json.loads((PROFILE.shipped_dir / "Qwen2.5-Coder-1.5B-Instruct.json").read_text())
+    # The acceptance search's set (23 of 56 sub-layers), not the 9-sub-layer proxy set.
+    assert (len(qwen["skip_attn"]), len(qwen["skip_mlp"]), qwen["objective"]["name"]) == (13, 10, "acceptance")
