@@ -10,6 +10,7 @@ from vllm import SamplingParams
 from vllm_layerskip.core.measure import (
     chat_prompts,
     proposer_stats,
+    set_drafting_paused,
     shutdown,
     spec_decode_counters,
 )
@@ -42,6 +43,26 @@ def run(llm):
         "long_total": len(batch[-1].prompt_token_ids) + len(batch[-1].outputs[0].token_ids),
         "long_finish": batch[-1].outputs[0].finish_reason,
         "prompt_lens": [len(o.prompt_token_ids) for o in batch],
+    }
+
+
+def run_paused(llm):
+    """The short prompts again with drafting paused, then one with it resumed."""
+    prompts, params = workload(llm)
+    before = spec_decode_counters(llm)
+    before_status = proposer_stats(llm)
+    set_drafting_paused(llm, True)
+    batch = llm.generate(prompts[:7], params[:7], use_tqdm=False)
+    status = proposer_stats(llm)
+    middle = spec_decode_counters(llm)
+    set_drafting_paused(llm, False)
+    llm.generate(prompts[3:4], params[3:4], use_tqdm=False)
+    return {
+        "batch": [list(o.outputs[0].token_ids) for o in batch],
+        "status": status,
+        "proposals_while_paused": status["num_proposals"] - before_status["num_proposals"],
+        "paused_counters": middle - before,
+        "resumed_counters": spec_decode_counters(llm) - middle,
     }
 
 
@@ -118,6 +139,8 @@ def test_layer_skip_greedy_parity(smollm2_path, plain, name):
         out = run(llm)
         counters = spec_decode_counters(llm)
         status = proposer_stats(llm)
+        if name == "K1-whole-layers":
+            paused = run_paused(llm)
     finally:
         shutdown(llm)
 
@@ -143,6 +166,13 @@ def test_layer_skip_greedy_parity(smollm2_path, plain, name):
         assert counters.draft_tokens < 0.8 * k * counters.drafts, counters
     if name == "K1-whole-layers":
         assert counters.draft_tokens == counters.drafts
+        # Paused (benchmarks/bench_paused.py's baseline): plain decoding's tokens,
+        # no draft at all and nothing learned; resumed, it drafts again.
+        assert paused["status"]["drafting_paused"] is True
+        assert paused["batch"] == plain["batch"][:7]
+        assert paused["paused_counters"].drafts == 0, paused["paused_counters"]
+        assert paused["proposals_while_paused"] == 0
+        assert paused["resumed_counters"].drafts > 0, paused["resumed_counters"]
     if name.startswith("swift"):
         swift = status["swift"]
         # (A short context window can reach the target matchness: then accelerating.)

@@ -27,3 +27,26 @@ def test_a_failure_outside_the_draft_pass_stops_the_engine_with_a_clear_message(
     assert "restart without --speculative-config" in message
     assert isinstance(info.value.__cause__, KeyError)
     assert runner._draft_probs == "untouched"  # nothing half-handed to vLLM
+
+
+def test_pausing_an_engine_without_a_layer_skip_proposer_says_what_to_do():
+    from vllm_layerskip.core.measure import set_drafting_paused
+
+    plain_engine = types.SimpleNamespace(collective_rpc=lambda fn, args=(): [
+        fn(types.SimpleNamespace(model_runner=types.SimpleNamespace(drafter=None)), *args)])
+    with pytest.raises(ValueError, match="no vllm-layerskip proposer to pause; start it with a "
+                                         "layer-skip method"):
+        set_drafting_paused(plain_engine, True)
+
+
+def test_a_paused_proposer_drafts_nothing_and_learns_nothing():
+    proposer = object.__new__(LayerSkipProposer)  # no engine: a paused step needs none
+    proposer._last_drafted = {"req-1": (0, 3)}
+    proposer._last_end = 12.5
+    proposer.set_drafting_paused(True)
+    runner = types.SimpleNamespace(input_batch=types.SimpleNamespace(req_ids=["req-1", "req-2"]))
+    result = proposer.propose_from_runner(runner, [[5, 6], [7]])
+    assert result.token_ids == [[], []] and result.num_forward_steps == 0
+    # Nothing carried across the pause: no acceptance nor step time is learned
+    # from the first step after it.
+    assert proposer._last_drafted == {} and proposer._last_end is None

@@ -148,3 +148,21 @@ def proposer_stats(llm) -> dict:
     drafting, forward steps, and the cost model's decisions. Needs VLLM_ALLOW_INSECURE_SERIALIZATION=1 set before the LLM
     is built, since it sends a function to the worker."""
     return llm.collective_rpc(_drafter_stats)[0]
+
+
+def _pause_drafting(worker, paused: bool) -> bool:
+    drafter = getattr(worker.model_runner, "drafter", None)
+    if not hasattr(drafter, "set_drafting_paused"):
+        return False
+    drafter.set_drafting_paused(paused)
+    return True
+
+
+def set_drafting_paused(llm, paused: bool) -> None:
+    """Pause or resume a layer-skip engine's drafting on every worker (tensor
+    parallel ranks alike): paused, it decodes as plain decoding. Raises
+    ValueError for an engine without a layer-skip proposer. Needs
+    VLLM_ALLOW_INSECURE_SERIALIZATION=1, as proposer_stats does."""
+    if not all(llm.collective_rpc(_pause_drafting, args=(paused,))):
+        raise ValueError("this engine has no vllm-layerskip proposer to pause; start it with "
+                         "a layer-skip method in speculative_config")

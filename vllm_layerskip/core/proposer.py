@@ -78,6 +78,8 @@ class LayerSkipProposerBase:
         self._last_log = time.monotonic()
         self.bookkeeping = RequestBookkeeping()
         self._status_file = os.environ.get(STATUS_FILE_ENV) or None
+        # set_drafting_paused(): steps decode as plain decoding, learning nothing.
+        self.drafting_paused = False
 
     def load_model(self, target_model) -> None:
         identity = model_identity(self.vllm_config.model_config)
@@ -144,9 +146,21 @@ class LayerSkipProposerBase:
     def on_verified(self, num_drafted: int, num_accepted: int) -> None:
         """Hook for subclasses: how many of last step's draft tokens were accepted."""
 
+    def set_drafting_paused(self, paused: bool) -> None:
+        """Pause (True) or resume drafting. While paused every step decodes as plain
+        decoding in this same engine, and neither the cost model nor the method
+        learns from it. For benchmarks: plain decoding in the method's own engine
+        is a baseline on the same memory, where two plain engines can differ by
+        more than a method gains (up to 42% on a Xeon VM; benchmarks/bench_paused.py)."""
+        self.drafting_paused = bool(paused)
+        self._last_drafted = {}
+        self._last_end = None  # no step time across the pause
+
     def propose_from_runner(
         self, runner, sampled_token_ids: list[list[int]], scheduler_output=None
     ) -> DraftResult:
+        if self.drafting_paused:
+            return _no_drafts(len(runner.input_batch.req_ids))
         start = time.perf_counter()
         self._observe_verified_step(runner, sampled_token_ids, scheduler_output, start)
         requests = self.engine.select_requests(runner, sampled_token_ids)
@@ -385,6 +399,7 @@ class LayerSkipProposerBase:
         status["draft_vocab_size"] = head.token_ids.numel() if head is not None and head.pruned else 0
         status["draft_weights"] = self._draft_weights_status()
         status["requests"] = self.bookkeeping.as_dict()
+        status["drafting_paused"] = self.drafting_paused
         if self.policy is not None:
             status["cost_model"] = self.policy.summary()
         return status
