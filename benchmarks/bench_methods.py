@@ -27,13 +27,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from benchlib.configs import (DEFAULT_METHODS, METHODS, build_configs, engine_groups,  # noqa: E402
                               lookup_bounds, model_config, sequential_groups)
+from benchlib.engines import IOMP_PATH, reexec_with_iomp  # noqa: E402
 from benchlib.workloads import (Workload, categories_in_order, concurrent_blocks,  # noqa: E402
                                 latency_blocks, load_questions, schedule, sustained_blocks,
                                 warmup_questions)
 from vllm_layerskip.core.draft_weights import SCHEMES as DRAFT_WEIGHT_SCHEMES  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-IOMP_PATH = os.path.join(ROOT, ".venv", "lib", "libiomp5.so")
 # Memory one engine takes besides its KV cache (EngineCore ~0.8 GiB, Worker
 # ~1.5 GiB, ngram's numba JIT 0.3 GiB more; SmolLM2 in float32), to decide how many fit at once.
 ENGINE_GIB_BESIDES_KV = 2.6
@@ -149,14 +148,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def maybe_reexec_with_iomp(args) -> None:
-    """vLLM's CPU worker is faster for spec decoding with Intel OpenMP preloaded;
-    LD_PRELOAD only takes effect at process start, so re-exec ourselves."""
-    preload = os.environ.get("LD_PRELOAD", "")
-    if not args.preload_iomp or "libiomp" in preload:
-        return
-    env = dict(os.environ, LD_PRELOAD=":".join(filter(None, [IOMP_PATH, preload])))
-    print(f"re-exec with LD_PRELOAD={env['LD_PRELOAD']}", flush=True)
-    os.execve(sys.executable, [sys.executable, *sys.argv], env)
+    """vLLM's CPU worker is faster for spec decoding with Intel OpenMP preloaded."""
+    if args.preload_iomp:
+        reexec_with_iomp()
 
 
 # ---- engines -----------------------------------------------------------------------

@@ -38,15 +38,13 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from benchlib.configs import PLUGIN_METHODS  # noqa: E402
+from benchlib.configs import PLUGIN_METHODS, SHIPPED_FILE_OPTIONS  # noqa: E402
+from benchlib.engines import reexec_with_iomp  # noqa: E402
 from benchlib.workloads import (Workload, concurrent_blocks, load_questions,  # noqa: E402
                                 sustained_blocks, warmup_questions, williams_orders)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-IOMP_PATH = os.path.join(ROOT, ".venv", "lib", "libiomp5.so")
 KINDS = ("on", "paused", "paused again")
-# Spec options a method needs to run with what the plugin ships for the model.
-SHIPPED_FILES = {"self_sd": {"profile": "shipped"}, "adadecode": {"heads": "shipped"}}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -72,14 +70,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def reexec_with_iomp() -> None:
-    """vLLM's CPU worker wants Intel OpenMP preloaded (as bench_methods.py)."""
-    preload = os.environ.get("LD_PRELOAD", "")
-    if os.path.isfile(IOMP_PATH) and "libiomp" not in preload:
-        env = dict(os.environ, LD_PRELOAD=":".join(filter(None, [IOMP_PATH, preload])))
-        os.execve(sys.executable, [sys.executable, *sys.argv], env)
-
-
 def run_method(method: str, args, model: str, workload: Workload, blocks, questions, warmup) -> list[dict]:
     """One engine: every block's three turns. Returns the turns (figures.py's shape:
     the paused turn is the block's "plain", the one paused again the control)."""
@@ -90,7 +80,7 @@ def run_method(method: str, args, model: str, workload: Workload, blocks, questi
     from vllm_layerskip.core.measure import chat_prompts, set_drafting_paused
 
     spec = {"method": method, "num_speculative_tokens": args.k,
-            **SHIPPED_FILES.get(method, {}), **args.method_options.get(method, {})}
+            **SHIPPED_FILE_OPTIONS.get(method, {}), **args.method_options.get(method, {})}
     engine = Engine(Config(method, method, spec), model,
                     dict(dtype=args.dtype, enforce_eager=not args.compile, max_model_len=2048, seed=0))
     engine.start()
@@ -146,8 +136,7 @@ def table(turns: list[dict], methods: list[str]) -> str:
             tps = sum(t["num_tokens"] for t in rows) / sum(t["seconds"] for t in rows)
             ref = [paused[t["block"]] for t in rows]
             ref_tps = sum(t["num_tokens"] for t in ref) / sum(t["seconds"] for t in ref)
-            per_block = [(t["num_tokens"] / t["seconds"]) / (r["num_tokens"] / r["seconds"])
-                         for t, r in zip(rows, ref)]
+            per_block = [block_ratio(t, r) for t, r in zip(rows, ref)]
             low, high = intervals.get((rows[0]["workload"], ALL, rows[0]["config"]), (None, None))
             ci = f" ({low:.2f}-{high:.2f})" if low is not None else ""
             equal = sum(a == b for t, r in zip(rows, ref) for a, b in zip(t["token_ids"], r["token_ids"]))
@@ -161,6 +150,11 @@ def table(turns: list[dict], methods: list[str]) -> str:
                 f"{', '.join(f'{x:.2f}' for x in per_block)} | {over_both} | {drafted} ({accepted}) | "
                 f"{equal}/{total} |")
     return "\n".join(lines)
+
+
+def block_ratio(turn: dict, paused: dict) -> float:
+    """A turn's tokens/s over its block's paused turn."""
+    return (turn["num_tokens"] / turn["seconds"]) / (paused["num_tokens"] / paused["seconds"])
 
 
 def intervals_over_both_paused(turns: list[dict]) -> dict[str, str]:
@@ -247,10 +241,8 @@ def plot(base: str, turns: list[dict], methods: list[str]) -> None:
     for i, method in enumerate(methods):
         paused = {t["block"]: t for t in turns if t["method"] == method and t["kind"] == "paused"}
         for kind, color in (("on", "tab:blue"), ("paused again", "tab:gray")):
-            ratios = [(t["num_tokens"] / t["seconds"]) /
-                      (paused[t["block"]]["num_tokens"] / paused[t["block"]]["seconds"])
-                      for t in turns if t["method"] == method and t["kind"] == kind
-                      and t["block"] in paused]
+            ratios = [block_ratio(t, paused[t["block"]]) for t in turns
+                      if t["method"] == method and t["kind"] == kind and t["block"] in paused]
             ax.scatter([i + (0.1 if kind == "on" else -0.1)] * len(ratios), ratios, color=color,
                        label=kind if i == 0 else None)
     ax.axhline(1.0, color="black", linewidth=0.5)

@@ -31,13 +31,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from benchlib.configs import DEFAULT_METHODS, METHODS, build_configs, engine_groups  # noqa: E402
 from benchlib.figures import plain_name  # noqa: E402
-from benchlib.engines import engines_that_fit  # noqa: E402
+from benchlib.engines import engines_that_fit, with_iomp_preloaded  # noqa: E402
 from benchlib.workloads import williams_orders  # noqa: E402
 from vllm_layerskip.tools.cpu_threads import bind_every_core  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VLLM = os.path.join(os.path.dirname(sys.executable), "vllm")
-IOMP_PATH = os.path.join(ROOT, ".venv", "lib", "libiomp5.so")
 # Memory of one `vllm serve` besides its KV cache: API server ~1 GiB, EngineCore
 # ~0.8 GiB, Worker ~1.5 GiB (SmolLM2, float32).
 SERVER_GIB = 3.6
@@ -237,8 +235,7 @@ def main() -> None:
         "VLLM_CPU_KVCACHE_SPACE", str(args.kv_cache_gib)))
     env.setdefault("NUMBA_THREADING_LAYER", "workqueue")  # ngram at its best: bench_methods.py says why
     bind_every_core(env)  # each server's worker gets every core of a small machine, as in bench_methods
-    if os.path.isfile(IOMP_PATH) and "libiomp" not in env.get("LD_PRELOAD", ""):
-        env["LD_PRELOAD"] = ":".join(filter(None, [IOMP_PATH, env.get("LD_PRELOAD", "")]))
+    env = with_iomp_preloaded(env)
 
     commands, failed, results, names = [], {}, {}, []
     skipped = {c.name: c.skip_reason for c in configs if not c.runs}

@@ -30,6 +30,8 @@ METHODS = ("plain", "plain_control", *NATIVE_METHODS, "layer_skip", "swift_initi
 # ngram_gpu is vLLM's GPU-tensor ngram: on a CPU it fails at start-up (it
 # allocates pinned memory), so it runs only when asked for.
 DEFAULT_METHODS = tuple(m for m in METHODS if m not in ("ngram_gpu", "swift_initial"))
+# The options that run a method with the file the plugin ships for the model.
+SHIPPED_FILE_OPTIONS = {"self_sd": {"profile": "shipped"}, "adadecode": {"heads": "shipped"}}
 
 
 @dataclass
@@ -137,10 +139,10 @@ def build_configs(args, model_path: str) -> list[Config]:
                 configs.append(Config(label + suffix, method, spec_for(method, {**base, **opts}), reason))
             elif method == "self_sd":  # the skip profile shipped with the plugin
                 configs.append(Config(method + suffix, method,
-                                      spec_for(method, {**base, "profile": "shipped"}), reason))
+                                      spec_for(method, {**base, **SHIPPED_FILE_OPTIONS[method]}), reason))
             else:  # adadecode: the exit heads shipped with the plugin
                 configs.append(Config(method + suffix, method,
-                                      spec_for(method, {**base, "heads": "shipped"}), reason))
+                                      spec_for(method, {**base, **SHIPPED_FILE_OPTIONS[method]}), reason))
     return [plain for plain in configs if plain.family != "plugin"] + with_variants(
         [c for c in configs if c.family == "plugin"], args)
 
