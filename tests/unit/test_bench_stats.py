@@ -391,3 +391,58 @@ def test_projection_reads_draft_weights_at_their_bytes():
     stats = {"q": {"draft_vocab_size": 65536, "draft_weights": {"scheme": "int4"}}}
     (out,) = projection(rows, configs, stats, qwen)
     assert out["c_w"] == pytest.approx(int4) and "int4 draft weights" in out["basis"]
+
+
+class _Drafter:
+    """The proposer's two pause switches, as the interleaved benchmark sets them."""
+
+    def __init__(self):
+        self.drafting_paused = False
+        self.prompt_lookup_paused = False
+
+    def set_drafting_paused(self, paused):
+        self.drafting_paused = paused
+
+    def set_prompt_lookup_paused(self, paused):
+        self.prompt_lookup_paused = paused
+        return True
+
+
+def test_interleaved_spans_own_the_step_that_verifies_their_last_drafts():
+    import types
+
+    from bench_interleaved import run_span
+
+    drafter = _Drafter()
+    worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(drafter=drafter))
+    llm = types.SimpleNamespace(collective_rpc=lambda fn, args=(): [fn(worker, *args)])
+    seen = []
+
+    class Stream:
+        def step(self):  # 0.1 s a step; 2 tokens while drafting, 1 paused; a prompt every 3rd
+            seen.append((drafter.drafting_paused, drafter.prompt_lookup_paused))
+            return 0.1, 1 if drafter.drafting_paused else 2, len(seen) % 3 == 0
+
+    span = run_span(llm, Stream(), "lookup paused", 4, has_lookup=True)
+    # Four drafting steps with lookup paused, then one paused step verifying the last drafts.
+    assert seen == [(False, True)] * 4 + [(True, False)]
+    assert span["steps"] == 5 and span["tokens"] == 9 and span["seconds"] == pytest.approx(0.5)
+    assert span["decode_tokens"] == 7 and span["decode_seconds"] == pytest.approx(0.4)
+    seen.clear()
+    span = run_span(llm, Stream(), "paused", 4, has_lookup=True)
+    assert seen == [(True, False)] * 4 and span["steps"] == 4 and span["tokens"] == 4
+
+
+def test_interleaved_speedup_pairs_spans_of_one_cycle():
+    from bench_interleaved import speedup
+
+    spans = []
+    for cycle, machine in enumerate([1.0, 0.6, 1.3, 0.8, 1.1, 0.7]):  # drift between cycles
+        for mode, tps in (("on", 12.0), ("paused", 10.0), ("paused again", 10.0)):
+            spans.append({"cycle": cycle, "mode": mode, "tokens": 100, "seconds": 100 / (tps * machine),
+                          "decode_tokens": 90, "decode_seconds": 90 / (tps * machine)})
+    point, low, high = speedup(spans, "on", ("paused",))
+    assert point == pytest.approx(1.2) and low == pytest.approx(1.2) and high == pytest.approx(1.2)
+    assert speedup(spans, "paused again", ("paused",))[0] == pytest.approx(1.0)
+    assert speedup(spans, "on", ("paused", "paused again"), decode_only=True)[0] == pytest.approx(1.2)
+    assert speedup(spans, "lookup paused", ("paused",)) is None

@@ -4,6 +4,8 @@ proposer raises stops the engine with a message naming the method and cause."""
 
 import types
 
+import numpy as np
+
 import pytest
 
 from vllm_layerskip.patches import model_runner
@@ -29,14 +31,18 @@ def test_a_failure_outside_the_draft_pass_stops_the_engine_with_a_clear_message(
     assert runner._draft_probs == "untouched"  # nothing half-handed to vLLM
 
 
+def _engine_of(drafter):
+    """A stand-in LLM whose collective_rpc runs the function on one worker."""
+    worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(drafter=drafter))
+    return types.SimpleNamespace(collective_rpc=lambda fn, args=(): [fn(worker, *args)])
+
+
 def test_pausing_an_engine_without_a_layer_skip_proposer_says_what_to_do():
     from vllm_layerskip.core.measure import set_drafting_paused
 
-    plain_engine = types.SimpleNamespace(collective_rpc=lambda fn, args=(): [
-        fn(types.SimpleNamespace(model_runner=types.SimpleNamespace(drafter=None)), *args)])
     with pytest.raises(ValueError, match="no vllm-layerskip proposer to pause; start it with a "
                                          "layer-skip method"):
-        set_drafting_paused(plain_engine, True)
+        set_drafting_paused(_engine_of(None), True)
 
 
 def test_a_paused_proposer_drafts_nothing_and_learns_nothing():
@@ -50,3 +56,29 @@ def test_a_paused_proposer_drafts_nothing_and_learns_nothing():
     # Nothing carried across the pause: no acceptance nor step time is learned
     # from the first step after it.
     assert proposer._last_drafted == {} and proposer._last_end is None
+
+
+def test_pausing_prompt_lookup_leaves_the_self_draft_and_says_when_lookup_is_off():
+    from vllm_layerskip.core.measure import set_prompt_lookup_paused
+
+    proposer = object.__new__(LayerSkipProposer)
+    proposer.options = types.SimpleNamespace(prompt_lookup_max=4, prompt_lookup_min=2)
+    proposer.prompt_lookup_paused = False
+    # A context that repeats: [1 2 3 4 1 2] -> lookup copies "3 4 1 2" after "1 2".
+    batch = types.SimpleNamespace(token_ids_cpu=np.array([[1, 2, 3, 4, 1, 2, 0, 0]]),
+                                  num_tokens_no_spec=np.array([6]))
+    runner = types.SimpleNamespace(input_batch=batch)
+    requests = types.SimpleNamespace(rows=np.array([0]), budget=np.array([4]))
+    assert proposer._lookup(runner, requests)[0].tolist() == [3, 4, 1, 2]
+    set_prompt_lookup_paused(_engine_of(proposer), True)
+    assert proposer.prompt_lookup_paused
+    assert proposer._lookup(runner, requests)[0].tolist() == []  # the method drafts alone
+    set_prompt_lookup_paused(_engine_of(proposer), False)
+    assert proposer._lookup(runner, requests)[0].tolist() == [3, 4, 1, 2]
+
+    proposer.options.prompt_lookup_max = 0
+    with pytest.raises(ValueError, match="prompt lookup is off in this engine, so there is "
+                                         "nothing to pause: start it with prompt_lookup_max"):
+        set_prompt_lookup_paused(_engine_of(proposer), True)
+    with pytest.raises(ValueError, match="no vllm-layerskip proposer to pause"):
+        set_prompt_lookup_paused(_engine_of(None), True)

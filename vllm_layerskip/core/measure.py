@@ -150,12 +150,19 @@ def proposer_stats(llm) -> dict:
     return llm.collective_rpc(_drafter_stats)[0]
 
 
-def _pause_drafting(worker, paused: bool) -> bool:
+def _pause(worker, what: str, paused: bool) -> bool | None:
+    """On one worker: None without a layer-skip proposer, else what its setter says
+    (set_drafting_paused returns None: taken as done)."""
     drafter = getattr(worker.model_runner, "drafter", None)
-    if not hasattr(drafter, "set_drafting_paused"):
-        return False
-    drafter.set_drafting_paused(paused)
-    return True
+    setter = getattr(drafter, f"set_{what}_paused", None)
+    if setter is None:
+        return None
+    done = setter(paused)
+    return True if done is None else done
+
+
+_NO_PROPOSER = ("this engine has no vllm-layerskip proposer to pause; start it with "
+                "a layer-skip method in speculative_config")
 
 
 def set_drafting_paused(llm, paused: bool) -> None:
@@ -163,6 +170,17 @@ def set_drafting_paused(llm, paused: bool) -> None:
     parallel ranks alike): paused, it decodes as plain decoding. Raises
     ValueError for an engine without a layer-skip proposer. Needs
     VLLM_ALLOW_INSECURE_SERIALIZATION=1, as proposer_stats does."""
-    if not all(llm.collective_rpc(_pause_drafting, args=(paused,))):
-        raise ValueError("this engine has no vllm-layerskip proposer to pause; start it with "
-                         "a layer-skip method in speculative_config")
+    if None in llm.collective_rpc(_pause, args=("drafting", paused)):
+        raise ValueError(_NO_PROPOSER)
+
+
+def set_prompt_lookup_paused(llm, paused: bool) -> None:
+    """Pause or resume prompt lookup on every worker: paused, the method
+    self-drafts alone, as with `prompt_lookup_max` 0. Raises ValueError for an
+    engine without a layer-skip proposer or with prompt lookup off."""
+    done = llm.collective_rpc(_pause, args=("prompt_lookup", paused))
+    if None in done:
+        raise ValueError(_NO_PROPOSER)
+    if not all(done):
+        raise ValueError("prompt lookup is off in this engine, so there is nothing to pause: "
+                         "start it with prompt_lookup_max (and prompt_lookup_min) set")

@@ -80,6 +80,8 @@ class LayerSkipProposerBase:
         self._status_file = os.environ.get(STATUS_FILE_ENV) or None
         # set_drafting_paused(): steps decode as plain decoding, learning nothing.
         self.drafting_paused = False
+        # set_prompt_lookup_paused(): the method self-drafts alone (no copies).
+        self.prompt_lookup_paused = False
 
     def load_model(self, target_model) -> None:
         identity = model_identity(self.vllm_config.model_config)
@@ -155,6 +157,17 @@ class LayerSkipProposerBase:
         self.drafting_paused = bool(paused)
         self._last_drafted = {}
         self._last_end = None  # no step time across the pause
+
+    def set_prompt_lookup_paused(self, paused: bool) -> bool:
+        """Pause (True) or resume prompt lookup: paused, the method drafts as it
+        would without `prompt_lookup_max`, and the cost model's lookup estimates
+        wait unchanged. For benchmarks: the method alone and the hybrid in one
+        engine (benchmarks/bench_interleaved.py). Returns False where this engine
+        has prompt lookup off, so that there is nothing to pause."""
+        if not self.options.prompt_lookup_max:
+            return False
+        self.prompt_lookup_paused = bool(paused)
+        return True
 
     def propose_from_runner(
         self, runner, sampled_token_ids: list[list[int]], scheduler_output=None
@@ -261,7 +274,8 @@ class LayerSkipProposerBase:
     def _lookup(self, runner, requests: DraftRequests) -> list[np.ndarray]:
         """Each drafting request's lookup draft (core/lookup.py; empty without
         a match, or when prompt lookup is off)."""
-        if not self.options.prompt_lookup_max or not len(requests.rows):
+        if (not self.options.prompt_lookup_max or self.prompt_lookup_paused
+                or not len(requests.rows)):
             return [np.zeros(0, dtype=np.int64)] * len(requests.rows)
         batch = runner.input_batch
         return lookup_drafts(batch.token_ids_cpu, batch.num_tokens_no_spec, requests.rows,
@@ -400,6 +414,7 @@ class LayerSkipProposerBase:
         status["draft_weights"] = self._draft_weights_status()
         status["requests"] = self.bookkeeping.as_dict()
         status["drafting_paused"] = self.drafting_paused
+        status["prompt_lookup_paused"] = self.prompt_lookup_paused
         if self.policy is not None:
             status["cost_model"] = self.policy.summary()
         return status

@@ -1,0 +1,339 @@
+"""A method against plain decoding in its own engine, the two taking turns every few steps.
+
+bench_paused.py pairs turns of whole requests (10-20 s each at 8 in flight on the
+1.5B model); on the 2-core Xeon VM the machine's memory speed drifted by a third
+between such turns, so its A/A controls read 0.88-0.98x and four blocks could not
+tell 1.1x from 1.0x. Here one engine serves a steady stream of requests (N in
+flight, the next entering as one finishes, as `vllm bench serve --max-concurrency
+N`), and its drafting mode changes every W engine steps (~3 s): drafting on,
+paused (plain decoding), paused again (the A/A control), and with prompt lookup
+paused (the method alone, where the engine has lookup on). A cycle runs each mode
+once, in a rotating (Williams) order; the speedup is output tokens per second of
+a mode over the paused spans', with a bootstrap interval over cycles.
+
+Which steps a span owns: in vLLM's V1 loop a step verifies the drafts of the
+step before and proposes the next ones. A drafting span is W steps with drafting
+on and one more with it paused (verifying the last drafts, proposing none), so
+every draft pass it pays for is verified inside it and no other span is credited
+with its tokens; a paused span is W steps of plain decoding. Tokens a span did
+not make start in it only through requests admitted when another finished.
+
+The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so that the
+mode changes between two known steps and each step is timed on its own. Greedy
+parity is the test suite's business: a request here spans several modes.
+
+    .venv/bin/python benchmarks/bench_interleaved.py --methods swift clasp self_sd --compile
+    .venv/bin/python benchmarks/bench_interleaved.py --model SMOLLM2 --methods swift --minutes 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from benchlib.configs import PLUGIN_METHODS, SHIPPED_FILE_OPTIONS  # noqa: E402
+from benchlib.engines import reexec_with_iomp  # noqa: E402
+from benchlib.workloads import load_questions, williams_orders  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ON, ALONE, PAUSED, AGAIN = "on", "lookup paused", "paused", "paused again"
+DRAFTING = (ON, ALONE)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="default: the prepared Qwen2.5-Coder-1.5B-Instruct")
+    p.add_argument("--methods", nargs="+", default=["swift", "clasp", "self_sd"],
+                   choices=PLUGIN_METHODS)
+    p.add_argument("--method-options", type=json.loads, default={},
+                   help='per method, e.g. \'{"swift": {"prompt_lookup_max": 0}}\'')
+    p.add_argument("--in-flight", type=int, default=8, help="requests kept in flight")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--window", type=int, default=12, help="engine steps a mode runs at a time")
+    p.add_argument("--minutes", type=float, default=8.0, help="timed minutes per method")
+    p.add_argument("--no-alone", action="store_true",
+                   help="leave out the mode with prompt lookup paused (the method alone)")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--k", type=int, default=8)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--compile", action="store_true", help="compiled engines (vLLM's default)")
+    p.add_argument("--kv-cache-gib", type=int, default=1)
+    p.add_argument("--dataset-path", default=None)
+    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
+    return p.parse_args(argv)
+
+
+class RequestStream:
+    """Requests kept `in_flight` in an in-process engine, one engine step at a
+    time: step() runs one step, admits a new request for each that finished,
+    and returns (seconds, output tokens the step made, whether it ran a prompt:
+    a request admitted after the step before is prefilled in it)."""
+
+    def __init__(self, llm_engine, prompts: list[str], params, in_flight: int):
+        self.engine = llm_engine
+        self.prompts = prompts
+        self.params = params
+        self.next_prompt = 0
+        self.seen: dict[str, int] = {}  # request id -> output tokens so far
+        self.num_added = 0
+        self.num_finished = 0
+        self.admitted_since_step = 0
+        for _ in range(in_flight):
+            self._admit()
+
+    def _admit(self) -> None:
+        prompt = self.prompts[self.next_prompt % len(self.prompts)]
+        self.next_prompt += 1
+        self.num_added += 1
+        request_id = f"stream-{self.num_added}"
+        self.engine.add_request(request_id, prompt, self.params)
+        self.seen[request_id] = 0
+        self.admitted_since_step += 1
+
+    def step(self) -> tuple[float, int, bool]:
+        prefill = self.admitted_since_step > 0
+        self.admitted_since_step = 0
+        start = time.perf_counter()
+        tokens = 0
+        for out in self.engine.step():
+            n = len(out.outputs[0].token_ids)
+            tokens += n - self.seen[out.request_id]
+            self.seen[out.request_id] = n
+            if out.finished:
+                del self.seen[out.request_id]
+                self.num_finished += 1
+                self._admit()
+        return time.perf_counter() - start, tokens, prefill
+
+
+def set_mode(llm, mode: str, has_lookup: bool) -> None:
+    from vllm_layerskip.core.measure import set_drafting_paused, set_prompt_lookup_paused
+
+    set_drafting_paused(llm, mode not in DRAFTING)
+    if has_lookup:
+        set_prompt_lookup_paused(llm, mode == ALONE)
+
+
+def lookup_is_on(llm) -> bool:
+    from vllm_layerskip.core.measure import set_prompt_lookup_paused
+
+    try:
+        set_prompt_lookup_paused(llm, False)
+    except ValueError as e:
+        if "prompt lookup is off" in str(e):
+            return False
+        raise
+    return True
+
+
+def run_span(llm, stream: RequestStream, mode: str, window: int, has_lookup: bool) -> dict:
+    """One mode's span (see the module's docstring for which steps it owns)."""
+    set_mode(llm, mode, has_lookup)
+    steps = [stream.step() for _ in range(window)]
+    if mode in DRAFTING:  # the step that verifies the span's last drafts
+        set_mode(llm, PAUSED, has_lookup)
+        steps.append(stream.step())
+    decode = [(s, n) for s, n, prefill in steps if not prefill]
+    return {"mode": mode, "steps": len(steps), "seconds": sum(s for s, _, _ in steps),
+            "tokens": sum(n for _, n, _ in steps),
+            "decode_seconds": sum(s for s, _ in decode), "decode_tokens": sum(n for _, n in decode),
+            "step_seconds": [s for s, _, _ in steps], "step_prefill": [p for _, _, p in steps]}
+
+
+def draft_counts(llm) -> dict:
+    from vllm_layerskip.core.measure import proposer_stats
+
+    s = proposer_stats(llm)
+    v = s["verified"]
+    return {"self_drafted": v["self"]["draft_tokens"] + v["continuation"]["draft_tokens"],
+            "self_accepted": v["self"]["accepted"] + v["continuation"]["accepted"],
+            "copied": v["lookup"]["draft_tokens"], "copied_accepted": v["lookup"]["accepted"]}
+
+
+def run_method(method: str, args, model: str, questions: list[dict]) -> tuple[list[dict], dict]:
+    from benchlib.configs import Config
+    from benchlib.engines import Engine
+    from vllm import SamplingParams
+
+    from vllm_layerskip.core.measure import chat_prompts
+
+    spec = {"method": method, "num_speculative_tokens": args.k,
+            **SHIPPED_FILE_OPTIONS.get(method, {}), **args.method_options.get(method, {})}
+    engine = Engine(Config(method, method, spec), model,
+                    dict(dtype=args.dtype, enforce_eager=not args.compile, max_model_len=2048, seed=0))
+    engine.start()
+    llm = engine.llm
+    has_lookup = lookup_is_on(llm)
+    modes = [ON, ALONE, PAUSED, AGAIN] if has_lookup and not args.no_alone else [ON, PAUSED, AGAIN]
+    print(f"{method}: started in {engine.startup_seconds:.0f} s, spec {json.dumps(spec)}, "
+          f"modes {modes}", flush=True)
+    # A fixed shuffle of every question, so that each stretch of the stream mixes
+    # categories and prompt lengths.
+    order = np.random.default_rng(0).permutation(len(questions))
+    prompts = chat_prompts(llm, [questions[i]["prompt"] for i in order])
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=0)
+    stream = RequestStream(llm.llm_engine, prompts, params, args.in_flight)
+    spans = []
+    try:
+        for mode in modes:  # untimed: compiles, first allocations, the cost model's first probes
+            run_span(llm, stream, mode, 2 * args.window, has_lookup)
+        orders = williams_orders(len(modes))
+        start = time.perf_counter()
+        cycle = 0
+        while time.perf_counter() - start < 60 * args.minutes:
+            for mode in (modes[i] for i in orders[cycle % len(orders)]):
+                before = draft_counts(llm)
+                span = run_span(llm, stream, mode, args.window, has_lookup)
+                after = draft_counts(llm)
+                span.update({k: after[k] - before[k] for k in after},
+                            method=method, cycle=cycle, at=time.perf_counter() - start)
+                spans.append(span)
+            last = [s for s in spans if s["cycle"] == cycle]
+            print(f"  cycle {cycle:3d}: " + ", ".join(
+                f"{s['mode']} {s['tokens'] / s['seconds']:.1f} tok/s" for s in last), flush=True)
+            cycle += 1
+        info = {"startup_seconds": engine.startup_seconds, "spec": spec, "modes": modes,
+                "requests_finished": stream.num_finished, "status": draft_counts(llm)}
+    finally:
+        engine.shutdown()
+    return spans, info
+
+
+def speedup(spans: list[dict], mode: str, over: tuple[str, ...], decode_only: bool = False,
+            reps: int = 4000, seed: int = 0) -> tuple[float, float, float] | None:
+    """Tokens/s of `mode`'s spans over the pooled spans of the modes `over`, with a
+    95% bootstrap interval over cycles (each cycle's spans kept together: they ran
+    within seconds of each other). A ratio of sums, as the point figure.
+    decode_only: steps that prefilled no prompt only."""
+    tokens, seconds = ("decode_tokens", "decode_seconds") if decode_only else ("tokens", "seconds")
+    cycles = sorted({s["cycle"] for s in spans})
+    rows = []
+    for c in cycles:
+        mine = [s for s in spans if s["cycle"] == c and s["mode"] == mode]
+        ref = [s for s in spans if s["cycle"] == c and s["mode"] in over]
+        if mine and len(ref) == len(over):
+            rows.append([sum(s[tokens] for s in mine), sum(s[seconds] for s in mine),
+                         sum(s[tokens] for s in ref), sum(s[seconds] for s in ref)])
+    if not rows:
+        return None
+    arr = np.asarray(rows, dtype=float)
+    point = (arr[:, 0].sum() / arr[:, 1].sum()) / (arr[:, 2].sum() / arr[:, 3].sum())
+    if len(arr) < 2:
+        return point, float("nan"), float("nan")
+    pick = np.random.default_rng(seed).integers(0, len(arr), size=(reps, len(arr)))
+    sums = arr[pick].sum(axis=1)
+    ratios = (sums[:, 0] / sums[:, 1]) / (sums[:, 2] / sums[:, 3])
+    low, high = np.quantile(ratios, [0.025, 0.975])
+    return float(point), float(low), float(high)
+
+
+def _fmt(figure) -> str:
+    if figure is None:
+        return "-"
+    point, low, high = figure
+    return f"{point:.2f}" if np.isnan(low) else f"{point:.2f} ({low:.2f}-{high:.2f})"
+
+
+def table(spans: list[dict], methods: list[str]) -> str:
+    lines = ["| method | mode | cycles | steps | tokens/s | over paused (95% interval) | over both "
+             "paused spans | over the method alone | steps without a prompt, over paused | self-drafted "
+             "(accepted) | copied (accepted) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for method in methods:
+        mine = [s for s in spans if s["method"] == method]
+        for mode in (ON, ALONE, AGAIN, PAUSED):
+            rows = [s for s in mine if s["mode"] == mode]
+            if not rows:
+                continue
+            tps = sum(s["tokens"] for s in rows) / sum(s["seconds"] for s in rows)
+            drafting = mode in DRAFTING
+            both = speedup(mine, mode, (PAUSED, AGAIN)) if drafting else None
+            alone = speedup(mine, ON, (ALONE,)) if mode == ON else None
+            label = {ON: "drafting on", ALONE: "prompt lookup paused (the method alone)",
+                     PAUSED: "paused (plain decoding)", AGAIN: "paused again (A/A control)"}[mode]
+            self_d = sum(s["self_drafted"] for s in rows)
+            copied = sum(s["copied"] for s in rows)
+            lines.append(
+                f"| {method} | {label} | {len(rows)} | {sum(s['steps'] for s in rows)} | {tps:.2f} | "
+                + ("-" if mode == PAUSED else f"**{_fmt(speedup(mine, mode, (PAUSED,)))}**")
+                + f" | {_fmt(both)} | {_fmt(alone)} | "
+                + ("-" if mode == PAUSED else _fmt(speedup(mine, mode, (PAUSED,), decode_only=True)))
+                + " | "
+                + (f"{self_d} ({sum(s['self_accepted'] for s in rows)})" if drafting else "-") + " | "
+                + (f"{copied} ({sum(s['copied_accepted'] for s in rows)})" if drafting else "-") + " |")
+    return "\n".join(lines)
+
+
+def plot(base: str, spans: list[dict], methods: list[str]) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, axes = plt.subplots(len(methods), 1, figsize=(7, 2.4 * len(methods)), squeeze=False)
+    colors = {ON: "tab:blue", ALONE: "tab:orange", PAUSED: "black", AGAIN: "tab:gray"}
+    for ax, method in zip(axes[:, 0], methods):
+        for mode, color in colors.items():
+            rows = [s for s in spans if s["method"] == method and s["mode"] == mode]
+            if rows:
+                ax.plot([s["at"] / 60 for s in rows], [s["tokens"] / s["seconds"] for s in rows],
+                        ".", color=color, label=mode, markersize=4)
+        ax.set_title(method, fontsize=9)
+        ax.set_ylabel("tokens/s")
+        ax.legend(fontsize=7, ncol=4)
+    axes[-1, 0].set_xlabel("minutes")
+    fig.tight_layout()
+    fig.savefig(base + ".png", dpi=100)
+
+
+def main() -> None:
+    args = parse_args()
+    reexec_with_iomp()
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # mode changes between two known steps
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(args.kv_cache_gib))
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    from vllm_layerskip.tools.cpu_threads import bind_every_core
+
+    bind_every_core()
+    from vllm_layerskip.tools.prepare_model import ensure_model
+    from vllm_layerskip.tools.prompts import benchmark_dataset
+
+    if args.window < 1 or args.in_flight < 1:
+        sys.exit("--window and --in-flight must be at least 1")
+    model = args.model or ensure_model("qwen2.5-coder-1.5b", quiet=True)
+    questions = load_questions(benchmark_dataset(args.dataset_path))
+    started = datetime.datetime.now(datetime.timezone.utc)
+    spans, infos = [], {}
+    for method in args.methods:
+        mine, infos[method] = run_method(method, args, model, questions)
+        spans += mine
+    header = (f"# Drafting on against paused, taking turns every {args.window} steps in one engine\n\n"
+              f"`{' '.join(['bench_interleaved.py', *sys.argv[1:]])}`; model `{model}`, dtype "
+              f"{args.dtype}, {'compiled' if args.compile else 'eager'}, K = {args.k}, "
+              f"{args.in_flight} requests in flight, {args.max_tokens} tokens a request, T = "
+              f"{args.temperature:g}, {args.minutes:g} timed minutes a method; "
+              f"{started:%Y-%m-%d %H:%M}-{datetime.datetime.now(datetime.timezone.utc):%H:%M} UTC.\n")
+    text = header + "\n" + table(spans, args.methods) + "\n"
+    print("\n" + text)
+    os.makedirs(args.out, exist_ok=True)
+    base = os.path.join(args.out, f"interleaved_{started:%Y%m%d-%H%M%S}")
+    with open(base + ".md", "w") as f:
+        f.write(text)
+    with open(base + ".json", "w") as f:
+        json.dump({"args": vars(args), "methods": infos, "spans": spans}, f)
+    plot(base, spans, args.methods)
+    print(f"wrote {base}.md, .json, .png")
+
+
+if __name__ == "__main__":
+    main()
