@@ -18,12 +18,17 @@ every draft pass it pays for is verified inside it and no other span is credited
 with its tokens; a paused span is W steps of plain decoding. Tokens a span did
 not make start in it only through requests admitted when another finished.
 
+vLLM's own `ngram` runs the same way (on, paused, paused again), its proposer
+silenced while paused by shadowing its propose() on the worker: each method over
+its own engine paused, so that the ratios compare across engines.
+
 The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so that the
 mode changes between two known steps and each step is timed on its own. Greedy
 parity is the test suite's business: a request here spans several modes.
 
     .venv/bin/python benchmarks/bench_interleaved.py --methods swift clasp self_sd --compile
-    .venv/bin/python benchmarks/bench_interleaved.py --model SMOLLM2 --methods swift --minutes 4
+    .venv/bin/python benchmarks/bench_interleaved.py --methods ngram layer_skip --compile
+    .venv/bin/python benchmarks/bench_interleaved.py --model SMOLLM2 --methods swift --minutes 4 --window 48
 """
 
 from __future__ import annotations
@@ -46,13 +51,15 @@ from benchlib.workloads import load_questions, williams_orders  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ON, ALONE, PAUSED, AGAIN = "on", "lookup paused", "paused", "paused again"
 DRAFTING = (ON, ALONE)
+NGRAM = {"prompt_lookup_max": 4, "prompt_lookup_min": 2}  # as bench_methods.py runs vLLM's ngram
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="default: the prepared Qwen2.5-Coder-1.5B-Instruct")
     p.add_argument("--methods", nargs="+", default=["swift", "clasp", "self_sd"],
-                   choices=PLUGIN_METHODS)
+                   choices=[*PLUGIN_METHODS, "ngram"],
+                   help="layer-skip methods, or vLLM's ngram (4..2, paused by shadowing its propose())")
     p.add_argument("--method-options", type=json.loads, default={},
                    help='per method, e.g. \'{"swift": {"prompt_lookup_max": 0}}\'')
     p.add_argument("--in-flight", type=int, default=8, help="requests kept in flight")
@@ -68,6 +75,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--kv-cache-gib", type=int, default=1)
     p.add_argument("--dataset-path", default=None)
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
+    p.add_argument("--from-json", default=None, metavar="FILE",
+                   help="no engines: render the table and plot again from a run's .json")
     return p.parse_args(argv)
 
 
@@ -114,12 +123,33 @@ class RequestStream:
         return time.perf_counter() - start, tokens, prefill
 
 
-def set_mode(llm, mode: str, has_lookup: bool) -> None:
+def plugin_mode_setter(llm, has_lookup: bool):
+    """set_mode(mode) for a layer-skip engine: the proposer's two pause switches."""
     from vllm_layerskip.core.measure import set_drafting_paused, set_prompt_lookup_paused
 
-    set_drafting_paused(llm, mode not in DRAFTING)
-    if has_lookup:
-        set_prompt_lookup_paused(llm, mode == ALONE)
+    def set_mode(mode: str) -> None:
+        set_drafting_paused(llm, mode not in DRAFTING)
+        if has_lookup:
+            set_prompt_lookup_paused(llm, mode == ALONE)
+    return set_mode
+
+
+def _pause_vllm_ngram(worker, paused: bool) -> None:
+    """On the worker: vLLM's NgramProposer proposes nothing while paused (its
+    propose() shadowed on the instance; a benchmark's device, not the plugin's)."""
+    drafter = worker.model_runner.drafter
+    if paused:
+        drafter.propose = lambda num_tokens, sampled_token_ids, *args, **kwargs: [
+            [] for _ in sampled_token_ids]
+    else:
+        drafter.__dict__.pop("propose", None)
+
+
+def ngram_mode_setter(llm):
+    """set_mode(mode) for an engine of vLLM's own `ngram`."""
+    def set_mode(mode: str) -> None:
+        llm.collective_rpc(_pause_vllm_ngram, args=(mode not in DRAFTING,))
+    return set_mode
 
 
 def lookup_is_on(llm) -> bool:
@@ -134,12 +164,12 @@ def lookup_is_on(llm) -> bool:
     return True
 
 
-def run_span(llm, stream: RequestStream, mode: str, window: int, has_lookup: bool) -> dict:
+def run_span(stream: RequestStream, mode: str, window: int, set_mode) -> dict:
     """One mode's span (see the module's docstring for which steps it owns)."""
-    set_mode(llm, mode, has_lookup)
+    set_mode(mode)
     steps = [stream.step() for _ in range(window)]
     if mode in DRAFTING:  # the step that verifies the span's last drafts
-        set_mode(llm, PAUSED, has_lookup)
+        set_mode(PAUSED)
         steps.append(stream.step())
     decode = [(s, n) for s, n, prefill in steps if not prefill]
     return {"mode": mode, "steps": len(steps), "seconds": sum(s for s, _, _ in steps),
@@ -148,10 +178,16 @@ def run_span(llm, stream: RequestStream, mode: str, window: int, has_lookup: boo
             "step_seconds": [s for s, _, _ in steps], "step_prefill": [p for _, _, p in steps]}
 
 
-def draft_counts(llm) -> dict:
+def draft_counts(engine) -> dict:
+    """Drafted and accepted tokens so far by source: the proposer's own counters,
+    or vLLM's for its `ngram` (all copied)."""
     from vllm_layerskip.core.measure import proposer_stats
 
-    s = proposer_stats(llm)
+    if engine.config.family == "vllm":
+        c = engine.counters()
+        return {"self_drafted": 0, "self_accepted": 0, "copied": c.draft_tokens,
+                "copied_accepted": c.accepted}
+    s = proposer_stats(engine.llm)
     v = s["verified"]
     return {"self_drafted": v["self"]["draft_tokens"] + v["continuation"]["draft_tokens"],
             "self_accepted": v["self"]["accepted"] + v["continuation"]["accepted"],
@@ -166,12 +202,15 @@ def run_method(method: str, args, model: str, questions: list[dict]) -> tuple[li
     from vllm_layerskip.core.measure import chat_prompts
 
     spec = {"method": method, "num_speculative_tokens": args.k,
-            **SHIPPED_FILE_OPTIONS.get(method, {}), **args.method_options.get(method, {})}
-    engine = Engine(Config(method, method, spec), model,
+            **(NGRAM if method == "ngram" else SHIPPED_FILE_OPTIONS.get(method, {})),
+            **args.method_options.get(method, {})}
+    family = "vllm" if method == "ngram" else "plugin"
+    engine = Engine(Config(method, method, spec, family=family), model,
                     dict(dtype=args.dtype, enforce_eager=not args.compile, max_model_len=2048, seed=0))
     engine.start()
     llm = engine.llm
-    has_lookup = lookup_is_on(llm)
+    has_lookup = family == "plugin" and lookup_is_on(llm)
+    set_mode = plugin_mode_setter(llm, has_lookup) if family == "plugin" else ngram_mode_setter(llm)
     modes = [ON, ALONE, PAUSED, AGAIN] if has_lookup and not args.no_alone else [ON, PAUSED, AGAIN]
     print(f"{method}: started in {engine.startup_seconds:.0f} s, spec {json.dumps(spec)}, "
           f"modes {modes}", flush=True)
@@ -184,15 +223,15 @@ def run_method(method: str, args, model: str, questions: list[dict]) -> tuple[li
     spans = []
     try:
         for mode in modes:  # untimed: compiles, first allocations, the cost model's first probes
-            run_span(llm, stream, mode, 2 * args.window, has_lookup)
+            run_span(stream, mode, 2 * args.window, set_mode)
         orders = williams_orders(len(modes))
         start = time.perf_counter()
         cycle = 0
         while time.perf_counter() - start < 60 * args.minutes:
             for mode in (modes[i] for i in orders[cycle % len(orders)]):
-                before = draft_counts(llm)
-                span = run_span(llm, stream, mode, args.window, has_lookup)
-                after = draft_counts(llm)
+                before = draft_counts(engine)
+                span = run_span(stream, mode, args.window, set_mode)
+                after = draft_counts(engine)
                 span.update({k: after[k] - before[k] for k in after},
                             method=method, cycle=cycle, at=time.perf_counter() - start)
                 spans.append(span)
@@ -201,38 +240,69 @@ def run_method(method: str, args, model: str, questions: list[dict]) -> tuple[li
                 f"{s['mode']} {s['tokens'] / s['seconds']:.1f} tok/s" for s in last), flush=True)
             cycle += 1
         info = {"startup_seconds": engine.startup_seconds, "spec": spec, "modes": modes,
-                "requests_finished": stream.num_finished, "status": draft_counts(llm)}
+                "requests_finished": stream.num_finished, "status": draft_counts(engine)}
     finally:
         engine.shutdown()
     return spans, info
 
 
-def speedup(spans: list[dict], mode: str, over: tuple[str, ...], decode_only: bool = False,
+FIGURES = ("all", "decode", "modelled")
+
+
+def prefill_excess(span: dict) -> float:
+    """Seconds the span's prompt-prefilling steps took beyond as many of its
+    decode-only steps (their median): what its prefills cost."""
+    decode = [t for t, p in zip(span["step_seconds"], span["step_prefill"]) if not p]
+    prefill = [t for t, p in zip(span["step_seconds"], span["step_prefill"]) if p]
+    if not prefill or not decode:
+        return 0.0
+    return max(sum(prefill) - len(prefill) * float(np.median(decode)), 0.0)
+
+
+def _ratio(m: np.ndarray, r: np.ndarray, figure: str) -> np.ndarray:
+    """Columns: tokens, seconds, decode tokens, decode seconds, prefill excess
+    (summed over cycles; rows of a bootstrap in the leading axes)."""
+    if figure == "all":
+        return (m[..., 0] / m[..., 1]) / (r[..., 0] / r[..., 1])
+    if figure == "decode":
+        return (m[..., 2] / m[..., 3]) / (r[..., 2] / r[..., 3])
+    # modelled: seconds a token = the mode's decode seconds a token + the
+    # reference's prefill seconds a token (a request's prompt is the same work
+    # whatever the mode).
+    prefill = r[..., 4] / r[..., 0]
+    return (r[..., 3] / r[..., 2] + prefill) / (m[..., 3] / m[..., 2] + prefill)
+
+
+def speedup(spans: list[dict], mode: str, over: tuple[str, ...], figure: str = "all",
             reps: int = 4000, seed: int = 0) -> tuple[float, float, float] | None:
     """Tokens/s of `mode`'s spans over the pooled spans of the modes `over`, with a
     95% bootstrap interval over cycles (each cycle's spans kept together: they ran
-    within seconds of each other). A ratio of sums, as the point figure.
-    decode_only: steps that prefilled no prompt only."""
-    tokens, seconds = ("decode_tokens", "decode_seconds") if decode_only else ("tokens", "seconds")
-    cycles = sorted({s["cycle"] for s in spans})
-    rows = []
-    for c in cycles:
+    within seconds of each other); ratios of sums, as the point figure.
+    figure: "all" steps; "decode", steps that prefilled no prompt; "modelled",
+    the decode steps' rates plus the reference's measured prefill cost a token:
+    the all-steps figure without the noise of which span drew which prompt."""
+    def columns(rows):
+        return [sum(s["tokens"] for s in rows), sum(s["seconds"] for s in rows),
+                sum(s["decode_tokens"] for s in rows), sum(s["decode_seconds"] for s in rows),
+                sum(prefill_excess(s) for s in rows)]
+
+    pairs = []
+    for c in sorted({s["cycle"] for s in spans}):
         mine = [s for s in spans if s["cycle"] == c and s["mode"] == mode]
         ref = [s for s in spans if s["cycle"] == c and s["mode"] in over]
         if mine and len(ref) == len(over):
-            rows.append([sum(s[tokens] for s in mine), sum(s[seconds] for s in mine),
-                         sum(s[tokens] for s in ref), sum(s[seconds] for s in ref)])
-    if not rows:
+            pairs.append((columns(mine), columns(ref)))
+    if not pairs:
         return None
-    arr = np.asarray(rows, dtype=float)
-    point = (arr[:, 0].sum() / arr[:, 1].sum()) / (arr[:, 2].sum() / arr[:, 3].sum())
-    if len(arr) < 2:
+    m = np.asarray([p[0] for p in pairs], dtype=float)
+    r = np.asarray([p[1] for p in pairs], dtype=float)
+    point = float(_ratio(m.sum(axis=0), r.sum(axis=0), figure))
+    if len(pairs) < 2:
         return point, float("nan"), float("nan")
-    pick = np.random.default_rng(seed).integers(0, len(arr), size=(reps, len(arr)))
-    sums = arr[pick].sum(axis=1)
-    ratios = (sums[:, 0] / sums[:, 1]) / (sums[:, 2] / sums[:, 3])
+    pick = np.random.default_rng(seed).integers(0, len(pairs), size=(reps, len(pairs)))
+    ratios = _ratio(m[pick].sum(axis=1), r[pick].sum(axis=1), figure)
     low, high = np.quantile(ratios, [0.025, 0.975])
-    return float(point), float(low), float(high)
+    return point, float(low), float(high)
 
 
 def _fmt(figure) -> str:
@@ -242,11 +312,27 @@ def _fmt(figure) -> str:
     return f"{point:.2f}" if np.isnan(low) else f"{point:.2f} ({low:.2f}-{high:.2f})"
 
 
+NOTE = """
+"over paused": tokens per second of the mode's spans over the paused spans of the same
+cycles; all steps, then the steps that prefilled no prompt (decode steps), then those
+plus the paused spans' measured prefill cost a token ("decode + prefill cost": a
+request's prompt is the same work in every mode, and which span draws a long prompt
+is luck that the all-steps figure carries). Intervals: 95% bootstrap over cycles.
+The A/A control's row is the noise floor of each column.
+"""
+
+LABELS = {ON: "drafting on", ALONE: "prompt lookup paused (the method alone)",
+          PAUSED: "paused (plain decoding)", AGAIN: "paused again (A/A control)"}
+
+
 def table(spans: list[dict], methods: list[str]) -> str:
-    lines = ["| method | mode | cycles | steps | tokens/s | over paused (95% interval) | over both "
-             "paused spans | over the method alone | steps without a prompt, over paused | self-drafted "
-             "(accepted) | copied (accepted) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    """Per method and mode: speedups over the paused spans (all steps; steps
+    that prefilled no prompt; those with the prefill cost added back), over both
+    paused spans and over the method alone (decode steps), drafts by source."""
+    lines = ["| method | mode | cycles | steps | tokens/s | over paused: all steps (95% interval) | "
+             "decode steps | decode + prefill cost | decode steps, over both paused | decode steps, "
+             "over the method alone | self-drafted (accepted) | copied (accepted) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for method in methods:
         mine = [s for s in spans if s["method"] == method]
         for mode in (ON, ALONE, AGAIN, PAUSED):
@@ -254,21 +340,22 @@ def table(spans: list[dict], methods: list[str]) -> str:
             if not rows:
                 continue
             tps = sum(s["tokens"] for s in rows) / sum(s["seconds"] for s in rows)
-            drafting = mode in DRAFTING
-            both = speedup(mine, mode, (PAUSED, AGAIN)) if drafting else None
-            alone = speedup(mine, ON, (ALONE,)) if mode == ON else None
-            label = {ON: "drafting on", ALONE: "prompt lookup paused (the method alone)",
-                     PAUSED: "paused (plain decoding)", AGAIN: "paused again (A/A control)"}[mode]
-            self_d = sum(s["self_drafted"] for s in rows)
-            copied = sum(s["copied"] for s in rows)
-            lines.append(
-                f"| {method} | {label} | {len(rows)} | {sum(s['steps'] for s in rows)} | {tps:.2f} | "
-                + ("-" if mode == PAUSED else f"**{_fmt(speedup(mine, mode, (PAUSED,)))}**")
-                + f" | {_fmt(both)} | {_fmt(alone)} | "
-                + ("-" if mode == PAUSED else _fmt(speedup(mine, mode, (PAUSED,), decode_only=True)))
-                + " | "
-                + (f"{self_d} ({sum(s['self_accepted'] for s in rows)})" if drafting else "-") + " | "
-                + (f"{copied} ({sum(s['copied_accepted'] for s in rows)})" if drafting else "-") + " |")
+            cells = [method, LABELS[mode], str(len(rows)), str(sum(s["steps"] for s in rows)),
+                     f"{tps:.2f}"]
+            if mode == PAUSED:
+                cells += ["-"] * 7
+            else:
+                over_paused = [_fmt(speedup(mine, mode, (PAUSED,), figure)) for figure in FIGURES]
+                over_paused[1] = f"**{over_paused[1]}**"
+                drafting = mode in DRAFTING
+                cells += over_paused + [
+                    _fmt(speedup(mine, mode, (PAUSED, AGAIN), "decode")) if drafting else "-",
+                    _fmt(speedup(mine, ON, (ALONE,), "decode")) if mode == ON else "-",
+                    f"{sum(s['self_drafted'] for s in rows)} ({sum(s['self_accepted'] for s in rows)})"
+                    if drafting else "-",
+                    f"{sum(s['copied'] for s in rows)} ({sum(s['copied_accepted'] for s in rows)})"
+                    if drafting else "-"]
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -285,18 +372,39 @@ def plot(base: str, spans: list[dict], methods: list[str]) -> None:
         for mode, color in colors.items():
             rows = [s for s in spans if s["method"] == method and s["mode"] == mode]
             if rows:
-                ax.plot([s["at"] / 60 for s in rows], [s["tokens"] / s["seconds"] for s in rows],
+                ax.plot([s["at"] / 60 for s in rows],
+                        [s["decode_tokens"] / max(s["decode_seconds"], 1e-9) for s in rows],
                         ".", color=color, label=mode, markersize=4)
         ax.set_title(method, fontsize=9)
-        ax.set_ylabel("tokens/s")
+        ax.set_ylabel("tokens/s, decode steps")
         ax.legend(fontsize=7, ncol=4)
     axes[-1, 0].set_xlabel("minutes")
     fig.tight_layout()
     fig.savefig(base + ".png", dpi=100)
 
 
+def rerender(path: str) -> None:
+    """The table (printed, and written next to the .json as .md after the run's
+    header) and the plot, from a run's saved spans."""
+    with open(path) as f:
+        run = json.load(f)
+    methods = list(run["methods"])
+    base = path[: -len(".json")]
+    text = table(run["spans"], methods) + "\n" + NOTE
+    header = ""
+    if os.path.exists(base + ".md"):
+        with open(base + ".md") as f:
+            header = f.read().split("\n| method |")[0].rstrip("\n") + "\n\n"
+    with open(base + ".md", "w") as f:
+        f.write(header + text)
+    plot(base, run["spans"], methods)
+    print(header + text)
+
+
 def main() -> None:
     args = parse_args()
+    if args.from_json:
+        return rerender(args.from_json)
     reexec_with_iomp()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # mode changes between two known steps
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(args.kv_cache_gib))
@@ -323,7 +431,7 @@ def main() -> None:
               f"{args.in_flight} requests in flight, {args.max_tokens} tokens a request, T = "
               f"{args.temperature:g}, {args.minutes:g} timed minutes a method; "
               f"{started:%Y-%m-%d %H:%M}-{datetime.datetime.now(datetime.timezone.utc):%H:%M} UTC.\n")
-    text = header + "\n" + table(spans, args.methods) + "\n"
+    text = header + "\n" + table(spans, args.methods) + "\n" + NOTE
     print("\n" + text)
     os.makedirs(args.out, exist_ok=True)
     base = os.path.join(args.out, f"interleaved_{started:%Y%m%d-%H%M%S}")

@@ -423,13 +423,16 @@ def test_interleaved_spans_own_the_step_that_verifies_their_last_drafts():
             seen.append((drafter.drafting_paused, drafter.prompt_lookup_paused))
             return 0.1, 1 if drafter.drafting_paused else 2, len(seen) % 3 == 0
 
-    span = run_span(llm, Stream(), "lookup paused", 4, has_lookup=True)
+    from bench_interleaved import plugin_mode_setter
+
+    set_mode = plugin_mode_setter(llm, has_lookup=True)
+    span = run_span(Stream(), "lookup paused", 4, set_mode)
     # Four drafting steps with lookup paused, then one paused step verifying the last drafts.
     assert seen == [(False, True)] * 4 + [(True, False)]
     assert span["steps"] == 5 and span["tokens"] == 9 and span["seconds"] == pytest.approx(0.5)
     assert span["decode_tokens"] == 7 and span["decode_seconds"] == pytest.approx(0.4)
     seen.clear()
-    span = run_span(llm, Stream(), "paused", 4, has_lookup=True)
+    span = run_span(Stream(), "paused", 4, set_mode)
     assert seen == [(True, False)] * 4 and span["steps"] == 4 and span["tokens"] == 4
 
 
@@ -439,10 +442,31 @@ def test_interleaved_speedup_pairs_spans_of_one_cycle():
     spans = []
     for cycle, machine in enumerate([1.0, 0.6, 1.3, 0.8, 1.1, 0.7]):  # drift between cycles
         for mode, tps in (("on", 12.0), ("paused", 10.0), ("paused again", 10.0)):
-            spans.append({"cycle": cycle, "mode": mode, "tokens": 100, "seconds": 100 / (tps * machine),
-                          "decode_tokens": 90, "decode_seconds": 90 / (tps * machine)})
-    point, low, high = speedup(spans, "on", ("paused",))
-    assert point == pytest.approx(1.2) and low == pytest.approx(1.2) and high == pytest.approx(1.2)
+            step = 8 / (tps * machine)  # 8 tokens a step
+            spans.append({"cycle": cycle, "mode": mode, "tokens": 80, "seconds": 10 * step,
+                          "decode_tokens": 80, "decode_seconds": 10 * step,
+                          "step_seconds": [step] * 10, "step_prefill": [False] * 10})
+    for figure in ("all", "decode", "modelled"):
+        point, low, high = speedup(spans, "on", ("paused",), figure)
+        assert point == pytest.approx(1.2) and low == pytest.approx(1.2) and high == pytest.approx(1.2)
     assert speedup(spans, "paused again", ("paused",))[0] == pytest.approx(1.0)
-    assert speedup(spans, "on", ("paused", "paused again"), decode_only=True)[0] == pytest.approx(1.2)
+    assert speedup(spans, "on", ("paused", "paused again"), "decode")[0] == pytest.approx(1.2)
     assert speedup(spans, "lookup paused", ("paused",)) is None
+
+
+def test_interleaved_modelled_speedup_adds_the_measured_prefill_cost_back():
+    from bench_interleaved import prefill_excess, speedup
+
+    # Paused: 10 steps of 0.1 s and 1 token each, one of them also prefilling a
+    # prompt (0.6 s: 0.5 s of prefill). Drafting on: decode steps of 0.1 s make 2
+    # tokens; its prefill steps fell elsewhere, which the modelled figure corrects.
+    paused = {"mode": "paused", "step_seconds": [0.1] * 9 + [0.6], "step_prefill": [False] * 9 + [True]}
+    paused.update(tokens=10, seconds=1.5, decode_tokens=9, decode_seconds=0.9)
+    on = {"mode": "on", "step_seconds": [0.1] * 10, "step_prefill": [False] * 10,
+          "tokens": 20, "seconds": 1.0, "decode_tokens": 20, "decode_seconds": 1.0}
+    assert prefill_excess(paused) == pytest.approx(0.5) and prefill_excess(on) == 0.0
+    spans = [{**paused, "cycle": c} for c in range(3)] + [{**on, "cycle": c} for c in range(3)]
+    assert speedup(spans, "on", ("paused",), "decode")[0] == pytest.approx(2.0)
+    # A token costs 0.1 s decoding plus 0.05 s of prefill paused, 0.05 + 0.05 s on.
+    assert speedup(spans, "on", ("paused",), "modelled")[0] == pytest.approx(0.15 / 0.10)
+    assert speedup(spans, "on", ("paused",), "all")[0] == pytest.approx(20 / 1.0 / (10 / 1.5))
