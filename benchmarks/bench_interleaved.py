@@ -27,7 +27,7 @@ mode changes between two known steps and each step is timed on its own. Greedy
 parity is the test suite's business: a request here spans several modes.
 
     .venv/bin/python benchmarks/bench_interleaved.py --methods swift clasp self_sd --compile
-    .venv/bin/python benchmarks/bench_interleaved.py --methods ngram layer_skip --compile
+    .venv/bin/python benchmarks/bench_interleaved.py --methods ngram --compile
     .venv/bin/python benchmarks/bench_interleaved.py --model SMOLLM2 --methods swift --minutes 4 --window 48
 """
 
@@ -45,10 +45,10 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from benchlib.configs import PLUGIN_METHODS, SHIPPED_FILE_OPTIONS  # noqa: E402
-from benchlib.engines import reexec_with_iomp  # noqa: E402
+from benchlib.engines import (add_method_engine_arguments, prepare_method_engine_run,  # noqa: E402
+                              start_method_engine)
 from benchlib.workloads import load_questions, williams_orders  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ON, ALONE, PAUSED, AGAIN = "on", "lookup paused", "paused", "paused again"
 DRAFTING = (ON, ALONE)
 NGRAM = {"prompt_lookup_max": 4, "prompt_lookup_min": 2}  # as bench_methods.py runs vLLM's ngram
@@ -56,25 +56,16 @@ NGRAM = {"prompt_lookup_max": 4, "prompt_lookup_min": 2}  # as bench_methods.py 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None, help="default: the prepared Qwen2.5-Coder-1.5B-Instruct")
     p.add_argument("--methods", nargs="+", default=["swift", "clasp", "self_sd"],
                    choices=[*PLUGIN_METHODS, "ngram"],
-                   help="layer-skip methods, or vLLM's ngram (4..2, paused by shadowing its propose())")
-    p.add_argument("--method-options", type=json.loads, default={},
-                   help='per method, e.g. \'{"swift": {"prompt_lookup_max": 0}}\'')
+                   help="layer-skip methods, or vLLM's ngram alone (4..2, paused by shadowing its propose())")
     p.add_argument("--in-flight", type=int, default=8, help="requests kept in flight")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--window", type=int, default=12, help="engine steps a mode runs at a time")
     p.add_argument("--minutes", type=float, default=8.0, help="timed minutes per method")
     p.add_argument("--no-alone", action="store_true",
                    help="leave out the mode with prompt lookup paused (the method alone)")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--k", type=int, default=8)
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--compile", action="store_true", help="compiled engines (vLLM's default)")
-    p.add_argument("--kv-cache-gib", type=int, default=1)
-    p.add_argument("--dataset-path", default=None)
-    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
+    add_method_engine_arguments(p)
     p.add_argument("--from-json", default=None, metavar="FILE",
                    help="no engines: render the table and plot again from a run's .json")
     return p.parse_args(argv)
@@ -195,25 +186,19 @@ def draft_counts(engine) -> dict:
 
 
 def run_method(method: str, args, model: str, questions: list[dict]) -> tuple[list[dict], dict]:
-    from benchlib.configs import Config
-    from benchlib.engines import Engine
     from vllm import SamplingParams
 
     from vllm_layerskip.core.measure import chat_prompts
 
-    spec = {"method": method, "num_speculative_tokens": args.k,
-            **(NGRAM if method == "ngram" else SHIPPED_FILE_OPTIONS.get(method, {})),
-            **args.method_options.get(method, {})}
     family = "vllm" if method == "ngram" else "plugin"
-    engine = Engine(Config(method, method, spec, family=family), model,
-                    dict(dtype=args.dtype, enforce_eager=not args.compile, max_model_len=2048, seed=0))
-    engine.start()
+    engine = start_method_engine(
+        method, args, model, NGRAM if method == "ngram" else SHIPPED_FILE_OPTIONS.get(method, {}),
+        family)
     llm = engine.llm
     has_lookup = family == "plugin" and lookup_is_on(llm)
     set_mode = plugin_mode_setter(llm, has_lookup) if family == "plugin" else ngram_mode_setter(llm)
     modes = [ON, ALONE, PAUSED, AGAIN] if has_lookup and not args.no_alone else [ON, PAUSED, AGAIN]
-    print(f"{method}: started in {engine.startup_seconds:.0f} s, spec {json.dumps(spec)}, "
-          f"modes {modes}", flush=True)
+    print(f"  modes: {', '.join(modes)}", flush=True)
     # A fixed shuffle of every question, so that each stretch of the stream mixes
     # categories and prompt lengths.
     order = np.random.default_rng(0).permutation(len(questions))
@@ -239,7 +224,7 @@ def run_method(method: str, args, model: str, questions: list[dict]) -> tuple[li
             print(f"  cycle {cycle:3d}: " + ", ".join(
                 f"{s['mode']} {s['tokens'] / s['seconds']:.1f} tok/s" for s in last), flush=True)
             cycle += 1
-        info = {"startup_seconds": engine.startup_seconds, "spec": spec, "modes": modes,
+        info = {"startup_seconds": engine.startup_seconds, "spec": engine.config.spec, "modes": modes,
                 "requests_finished": stream.num_finished, "status": draft_counts(engine)}
     finally:
         engine.shutdown()
@@ -405,20 +390,17 @@ def main() -> None:
     args = parse_args()
     if args.from_json:
         return rerender(args.from_json)
-    reexec_with_iomp()
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # mode changes between two known steps
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(args.kv_cache_gib))
-    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    from vllm_layerskip.tools.cpu_threads import bind_every_core
-
-    bind_every_core()
-    from vllm_layerskip.tools.prepare_model import ensure_model
-    from vllm_layerskip.tools.prompts import benchmark_dataset
-
     if args.window < 1 or args.in_flight < 1:
         sys.exit("--window and --in-flight must be at least 1")
-    model = args.model or ensure_model("qwen2.5-coder-1.5b", quiet=True)
+    if "ngram" in args.methods and len(args.methods) > 1:
+        # Seen 2026-11-29: a plugin engine started in this process after an ngram
+        # one fails in vLLM's CPU start-up (register_triton_kernel_overrides:
+        # '_lib_fn_wrapper' object has no attribute 'get').
+        sys.exit("--methods ngram runs alone: start it in a run of its own "
+                 "(a second in-process engine after vLLM's ngram fails to start)")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # mode changes between two known steps
+    model = prepare_method_engine_run(args)
+    from vllm_layerskip.tools.prompts import benchmark_dataset
     questions = load_questions(benchmark_dataset(args.dataset_path))
     started = datetime.datetime.now(datetime.timezone.utc)
     spans, infos = [], {}

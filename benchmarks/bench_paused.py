@@ -39,52 +39,36 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from benchlib.configs import PLUGIN_METHODS, SHIPPED_FILE_OPTIONS  # noqa: E402
-from benchlib.engines import reexec_with_iomp  # noqa: E402
+from benchlib.engines import (add_method_engine_arguments, prepare_method_engine_run,  # noqa: E402
+                              start_method_engine)
 from benchlib.workloads import (Workload, concurrent_blocks, load_questions,  # noqa: E402
                                 sustained_blocks, warmup_questions, williams_orders)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KINDS = ("on", "paused", "paused again")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None, help="default: the prepared Qwen2.5-Coder-1.5B-Instruct")
     p.add_argument("--methods", nargs="+", default=["swift", "clasp", "self_sd"],
                    choices=PLUGIN_METHODS)
-    p.add_argument("--method-options", type=json.loads, default={},
-                   help='per method, e.g. \'{"swift": {"prompt_lookup_max": 4}}\'')
     p.add_argument("--workload", default="8s:0",
                    help="N:T (batches of N; 1: one request at a time) or Ns:T (N in flight)")
     p.add_argument("--rounds", type=int, default=3, help="blocks of questions")
     p.add_argument("--block-size", type=int, default=0,
                    help="questions a block (default: 3 x N in flight, as bench_methods.py; 1 at "
                         "batch 1). Where the machine drifts within a minute, short blocks pair better")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--k", type=int, default=8)
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--compile", action="store_true", help="compiled engines (vLLM's default)")
-    p.add_argument("--kv-cache-gib", type=int, default=1)
-    p.add_argument("--dataset-path", default=None)
-    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
+    add_method_engine_arguments(p)
     return p.parse_args(argv)
 
 
 def run_method(method: str, args, model: str, workload: Workload, blocks, questions, warmup) -> list[dict]:
     """One engine: every block's three turns. Returns the turns (figures.py's shape:
     the paused turn is the block's "plain", the one paused again the control)."""
-    from benchlib.configs import Config
-    from benchlib.engines import Engine
     from vllm import SamplingParams
 
     from vllm_layerskip.core.measure import chat_prompts, set_drafting_paused
 
-    spec = {"method": method, "num_speculative_tokens": args.k,
-            **SHIPPED_FILE_OPTIONS.get(method, {}), **args.method_options.get(method, {})}
-    engine = Engine(Config(method, method, spec), model,
-                    dict(dtype=args.dtype, enforce_eager=not args.compile, max_model_len=2048, seed=0))
-    engine.start()
-    print(f"{method}: started in {engine.startup_seconds:.0f} s, spec {json.dumps(spec)}", flush=True)
+    engine = start_method_engine(method, args, model, SHIPPED_FILE_OPTIONS.get(method, {}))
     texts = chat_prompts(engine.llm, [q["prompt"] for q in questions])
     params = SamplingParams(temperature=workload.temperature, max_tokens=args.max_tokens)
     turns = []
@@ -184,21 +168,13 @@ def intervals_over_both_paused(turns: list[dict]) -> dict[str, str]:
 
 def main() -> None:
     args = parse_args()
-    reexec_with_iomp()
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(args.kv_cache_gib))
-    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # set_drafting_paused sends a function
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    from vllm_layerskip.tools.cpu_threads import bind_every_core
-
-    bind_every_core()
-    from vllm_layerskip.tools.prepare_model import ensure_model
+    model = prepare_method_engine_run(args)
     from vllm_layerskip.tools.prompts import benchmark_dataset
 
     try:
         workload = Workload.parse(args.workload)
     except ValueError as e:
         sys.exit(f"--workload: {e}")
-    model = args.model or ensure_model("qwen2.5-coder-1.5b", quiet=True)
     questions = load_questions(benchmark_dataset(args.dataset_path))
     if args.block_size:
         blocks = concurrent_blocks(questions, args.block_size, args.rounds)

@@ -332,3 +332,51 @@ def engines_that_fit(reserve_gib: float, per_engine_gib: float) -> int:
     """How many engines the free memory holds, keeping `reserve_gib` for others."""
     free = psutil.virtual_memory().available / 2**30
     return int((free - reserve_gib) // per_engine_gib)
+
+
+# ---- one method's engine at a time, paused by RPC (bench_paused, bench_interleaved) --
+
+def add_method_engine_arguments(parser) -> None:
+    """The options of a benchmark that starts one method's engine at a time."""
+    import json
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    parser.add_argument("--model", default=None, help="default: the prepared Qwen2.5-Coder-1.5B-Instruct")
+    parser.add_argument("--method-options", type=json.loads, default={},
+                        help='per method, e.g. \'{"swift": {"prompt_lookup_max": 0}}\'')
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--compile", action="store_true", help="compiled engines (vLLM's default)")
+    parser.add_argument("--kv-cache-gib", type=int, default=1)
+    parser.add_argument("--dataset-path", default=None)
+    parser.add_argument("--out", default=os.path.join(root, "benchmarks", "results"))
+
+
+def prepare_method_engine_run(args) -> str:
+    """Intel OpenMP (a re-exec), the environment a paused engine needs (its RPCs
+    send functions), every core to the worker; returns the model's path."""
+    reexec_with_iomp()
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(args.kv_cache_gib))
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    from vllm_layerskip.tools.cpu_threads import bind_every_core
+    from vllm_layerskip.tools.prepare_model import ensure_model
+
+    bind_every_core()
+    return args.model or ensure_model("qwen2.5-coder-1.5b", quiet=True)
+
+
+def start_method_engine(method: str, args, model: str, spec_defaults: dict,
+                        family: str = "plugin") -> "Engine":
+    """`method`'s engine: K, then `spec_defaults` (e.g. the shipped files), then
+    the user's --method-options; started, with a line saying how long it took."""
+    import json
+
+    spec = {"method": method, "num_speculative_tokens": args.k, **spec_defaults,
+            **args.method_options.get(method, {})}
+    engine = Engine(Config(method, method, spec, family=family), model,
+                    dict(dtype=args.dtype, enforce_eager=not args.compile, max_model_len=2048, seed=0))
+    engine.start()
+    print(f"{method}: started in {engine.startup_seconds:.0f} s, spec {json.dumps(spec)}", flush=True)
+    return engine
