@@ -47,6 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib.configs import PLUGIN_METHODS, SHIPPED_FILE_OPTIONS  # noqa: E402
 from benchlib.engines import (add_method_engine_arguments, prepare_method_engine_run,  # noqa: E402
                               start_method_engine)
+from benchlib.report import write_run  # noqa: E402
 from benchlib.workloads import load_questions, williams_orders  # noqa: E402
 
 ON, ALONE, PAUSED, AGAIN = "on", "lookup paused", "paused", "paused again"
@@ -414,13 +415,8 @@ def main() -> None:
               f"{args.temperature:g}, {args.minutes:g} timed minutes a method; "
               f"{started:%Y-%m-%d %H:%M}-{datetime.datetime.now(datetime.timezone.utc):%H:%M} UTC.\n")
     text = header + "\n" + table(spans, args.methods) + "\n" + NOTE
-    print("\n" + text)
-    os.makedirs(args.out, exist_ok=True)
-    base = os.path.join(args.out, f"interleaved_{started:%Y%m%d-%H%M%S}")
-    with open(base + ".md", "w") as f:
-        f.write(text)
-    with open(base + ".json", "w") as f:
-        json.dump({"args": vars(args), "methods": infos, "spans": spans}, f)
+    base = write_run(args.out, f"interleaved_{started:%Y%m%d-%H%M%S}", text,
+                     {"args": vars(args), "methods": infos, "spans": spans})
     plot(base, spans, args.methods)
     print(f"wrote {base}.md, .json, .png")
 

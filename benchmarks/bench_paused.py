@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
 
@@ -41,6 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib.configs import PLUGIN_METHODS, SHIPPED_FILE_OPTIONS  # noqa: E402
 from benchlib.engines import (add_method_engine_arguments, prepare_method_engine_run,  # noqa: E402
                               start_method_engine)
+from benchlib.report import write_run  # noqa: E402
 from benchlib.workloads import (Workload, concurrent_blocks, load_questions,  # noqa: E402
                                 sustained_blocks, warmup_questions, williams_orders)
 
@@ -195,13 +195,8 @@ def main() -> None:
               f"{len(blocks[0].questions)} questions; {started:%Y-%m-%d %H:%M}-"
               f"{datetime.datetime.now(datetime.timezone.utc):%H:%M} UTC.\n")
     text = header + "\n" + table(turns, args.methods) + "\n"
-    print("\n" + text)
-    os.makedirs(args.out, exist_ok=True)
-    base = os.path.join(args.out, f"paused_{started:%Y%m%d-%H%M%S}")
-    with open(base + ".md", "w") as f:
-        f.write(text)
-    with open(base + ".json", "w") as f:
-        json.dump({"args": vars(args), "turns": turns}, f)
+    base = write_run(args.out, f"paused_{started:%Y%m%d-%H%M%S}", text,
+                     {"args": vars(args), "turns": turns})
     plot(base, turns, args.methods)
     print(f"wrote {base}.md, .json, .png")
 

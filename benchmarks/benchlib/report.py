@@ -361,6 +361,18 @@ def write_csv(path: str, rows: list[dict], info: dict) -> None:
                         for k in CSV_FIELDS})
 
 
+def write_run(out_dir: str, stem: str, text: str, payload: dict) -> str:
+    """A run's report (`text`, printed too) and raw figures as OUT/STEM.md and
+    .json; returns OUT/STEM, where the caller puts its plot."""
+    print("\n" + text)
+    os.makedirs(out_dir, exist_ok=True)
+    base = os.path.join(out_dir, stem)
+    with open(base + ".md", "w") as f:
+        f.write(text)
+    write_json(base + ".json", payload)
+    return base
+
+
 def write_json(path: str, payload: dict) -> None:
     with open(path, "w") as f:
         json.dump(payload, f, indent=1, default=str)
