@@ -470,3 +470,11 @@ def test_interleaved_modelled_speedup_adds_the_measured_prefill_cost_back():
     # A token costs 0.1 s decoding plus 0.05 s of prefill paused, 0.05 + 0.05 s on.
     assert speedup(spans, "on", ("paused",), "modelled")[0] == pytest.approx(0.15 / 0.10)
     assert speedup(spans, "on", ("paused",), "all")[0] == pytest.approx(20 / 1.0 / (10 / 1.5))
+
+
+def test_interleaved_refuses_ngram_beside_other_methods_before_starting_anything(monkeypatch):
+    import bench_interleaved
+
+    monkeypatch.setattr(sys, "argv", ["bench_interleaved.py", "--methods", "ngram", "swift"])
+    with pytest.raises(SystemExit, match="--methods ngram runs alone: start it in a run of its own"):
+        bench_interleaved.main()
