@@ -1,12 +1,13 @@
-"""float32 greedy outputs with `layer_skip` and `swift` are token-for-token those
-of plain vLLM on Qwen2.5-Coder-1.5B-Instruct, the model the speed figures are
-about (benchmarks/RESULTS.md): a few prompts, short outputs, every step drafting.
+"""float32 greedy outputs with `layer_skip`, `swift` and `adadecode` (its shipped
+heads) are token-for-token those of plain vLLM on Qwen2.5-Coder-1.5B-Instruct,
+the model the speed figures are about (benchmarks/RESULTS.md): a few prompts,
+short outputs, drafting at every step where the method drafts.
 
 The engines run one at a time, in this process like most test engines: a
 float32 engine of this model holds ~7 GB of weights, and `shutdown` gives them
 back before the next one starts (two at once, next to the rest of the suite,
-would crowd this 24 GB machine). About 2.5 minutes here (155 s in CI on
-2026-11-26), most of it three engine start-ups."""
+would crowd this 24 GB machine). About 3.5 minutes here (155 s in CI on
+2026-11-26 before the adadecode case), most of it four engine start-ups."""
 
 import pytest
 from conftest import make_llm, owned_questions
@@ -67,3 +68,13 @@ def test_swift_matches_plain_decoding(qwen_path, plain):
     assert tokens == plain
     assert counters.draft_tokens > 0 and counters.accepted_tokens > 0
     assert status["draft_vocab_size"] == 0
+
+
+def test_adadecode_with_shipped_heads_matches_plain_decoding(qwen_path, plain):
+    spec = {"method": "adadecode", "heads": "shipped", "prompt_lookup_max": 0, **FIXED}
+    tokens, counters, status = generate(qwen_path, spec)
+    assert tokens == plain
+    # The heads shipped for this model were found and drafted with, exiting early.
+    assert status["adadecode"]["layers"] == [7, 14, 21, 25]
+    assert counters.draft_tokens > 0 and counters.accepted_tokens > 0
+    assert status["adadecode"]["mean_exit_layer"] < status["adadecode"]["num_layers"]

@@ -10,6 +10,19 @@ from vllm_layerskip.methods.adadecode.heads import HEADS, ExitHeads, load_heads,
 from vllm_layerskip.methods.adadecode.options import AdaDecodeOptions
 
 SMOLLM2 = ModelIdentity("/somewhere/SmolLM2-135M-Instruct", "LlamaForCausalLM", 30, 576, 49152)
+QWEN = ModelIdentity("/somewhere/Qwen2.5-Coder-1.5B-Instruct", "Qwen2ForCausalLM", 28, 1536, 151936)
+
+
+def test_shipped_heads_for_qwen():
+    """Found by the running model (here by name: no weights to fingerprint), four
+    float16 heads that training made better than the LM head read early."""
+    heads = load_heads("shipped", QWEN)
+    assert heads.layers == [7, 14, 21, 25]
+    assert heads.transforms.shape == (4, 1536, 1536) and heads.transforms.dtype == torch.float16
+    assert HEADS.resolve("shipped", QWEN).stat().st_size < 20_000_000
+    before, after = heads.heldout_kl["before"], heads.heldout_kl["after"]
+    assert len(after) == 4 and all(a < b for a, b in zip(after, before))
+    assert heads.training["command"].startswith("vllm-layerskip train-heads")
 
 
 def test_heads_file_refusals(tmp_path):
@@ -53,7 +66,7 @@ def test_heads_file_refusals(tmp_path):
     nan.transforms[0, 0, 0] = float("nan")
     save_heads(tmp_path / "nan.safetensors", nan)
     refused(tmp_path / "nan.safetensors", "holds NaN or infinite values")
-    with pytest.raises(LayerSkipConfigError, match=r"No shipped exit heads file for model 'Qwen-tiny' \(shipped for: SmolLM2-135M-Instruct\)"):
+    with pytest.raises(LayerSkipConfigError, match=r"No shipped exit heads file for model 'Qwen-tiny' \(shipped for: Qwen2.5-Coder-1.5B-Instruct, SmolLM2-135M-Instruct\)"):
         AdaDecodeOptions(heads="shipped").validate_for_model(
             ModelIdentity("/m/Qwen-tiny", "Qwen2ForCausalLM", 4, 128, 1000))
     with pytest.raises(LayerSkipConfigError, match="Method 'adadecode' needs 'heads'"):
