@@ -26,6 +26,7 @@ Why several engines in one process, and what that takes:
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -338,8 +339,6 @@ def engines_that_fit(reserve_gib: float, per_engine_gib: float) -> int:
 
 def add_method_engine_arguments(parser) -> None:
     """The options of a benchmark that starts one method's engine at a time."""
-    import json
-
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     parser.add_argument("--model", default=None, help="default: the prepared Qwen2.5-Coder-1.5B-Instruct")
     parser.add_argument("--method-options", type=json.loads, default={},
@@ -371,8 +370,6 @@ def start_method_engine(method: str, args, model: str, spec_defaults: dict,
                         family: str = "plugin") -> "Engine":
     """`method`'s engine: K, then `spec_defaults` (e.g. the shipped files), then
     the user's --method-options; started, with a line saying how long it took."""
-    import json
-
     spec = {"method": method, "num_speculative_tokens": args.k, **spec_defaults,
             **args.method_options.get(method, {})}
     engine = Engine(Config(method, method, spec, family=family), model,
