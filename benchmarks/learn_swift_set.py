@@ -39,6 +39,21 @@ def _score(matchness: float | None) -> str:
     return "not scored" if matchness is None else f"{matchness:.3f}"  # None: resumed
 
 
+def copy_state_to_resume(source: str, out: str) -> None:
+    """Copies an earlier run's state file to `out`, marked as still optimizing.
+
+    A run that stopped by patience marked its state finished, and swift loads
+    such a file as a learned set to draft with, not to go on from: resumed
+    as it was, a run scored no candidate at all (2026-11-29)."""
+    shutil.copyfile(source, out)
+    with open(out) as f:
+        state = json.load(f)
+    if state.get("optimization_finished"):
+        state["optimization_finished"] = False
+        with open(out, "w") as f:
+            json.dump(state, f, indent=1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="default: SmolLM2-135M-Instruct, converted")
@@ -84,7 +99,7 @@ def main() -> None:
     if args.resume:
         if not os.path.isfile(args.resume):
             sys.exit(f"--resume {args.resume}: no such file (a state file from an earlier run)")
-        shutil.copyfile(args.resume, args.out)
+        copy_state_to_resume(args.resume, args.out)
     spec = {"method": "swift", "num_speculative_tokens": args.k, "skip_ratio": args.skip_ratio,
             "adaptive_draft_length": False, "prompt_lookup_max": 0, "state_file": args.out,
             "max_optimizer_share": 1.0, "optimize_interval": 1, "target_matchness": 1.0,

@@ -3,6 +3,8 @@ termination rules, the r-lowering and re-optimization triggers, failures in the
 optimizer thread and the scoring pass, and the state file."""
 
 import json
+import os
+import sys
 import time
 
 import numpy as np
@@ -277,6 +279,36 @@ def test_state_file_round_trip_and_refusals(tmp_path):
     bad.write_text(json.dumps(data))
     with pytest.raises(LayerSkipConfigError, match="is corrupt: missing or malformed field"):
         options(state_file=str(bad)).validate_for_model(IDENTITY)
+
+
+def test_learn_script_resumes_a_finished_state_by_optimizing_again(tmp_path):
+    """benchmarks/learn_swift_set.py --resume: a state that ended by patience
+    loads as accelerating; its copy must start an optimization phase from its
+    best set and history, and the original must stay as it was."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+    from learn_swift_set import copy_state_to_resume
+
+    path = tmp_path / "finished.json"
+    search = SwiftSearch(options(patience=5, state_file=str(path)), NUM_LAYERS, IDENTITY)
+    drive(search, FakeEngine(constant=0.5), FakeRunner(), 30)
+    deadline = time.monotonic() + 10
+    while not (path.exists() and load_state(path, IDENTITY).optimization_finished):
+        assert time.monotonic() < deadline, "the finished state was never written"
+        time.sleep(0.01)
+    original = path.read_text()
+
+    resumed = tmp_path / "resumed.json"
+    copy_state_to_resume(str(path), str(resumed))
+    assert path.read_text() == original
+    state = load_state(resumed, IDENTITY)
+    assert not state.optimization_finished
+    assert len(state.history) == len(load_state(path, IDENTITY).history)
+
+    warm = SwiftSearch(options(patience=5, state_file=str(resumed)), NUM_LAYERS, IDENTITY)
+    assert warm.phase == "accumulating" and warm.best == search.best
+    engine = FakeEngine(constant=0.5)
+    drive(warm, engine, FakeRunner(), 12)
+    assert engine.calls > 0 and warm.total_opt_steps > 0
 
 
 SHARE = 0.1
