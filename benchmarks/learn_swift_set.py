@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 
@@ -45,13 +44,18 @@ def copy_state_to_resume(source: str, out: str) -> None:
     A run that stopped by patience marked its state finished, and swift loads
     such a file as a learned set to draft with, not to go on from: resumed
     as it was, a run scored no candidate at all (2026-11-29)."""
-    shutil.copyfile(source, out)
-    with open(out) as f:
-        state = json.load(f)
-    if state.get("optimization_finished"):
-        state["optimization_finished"] = False
-        with open(out, "w") as f:
-            json.dump(state, f, indent=1)
+    from vllm_layerskip.core.versioned_file import write_json_atomic
+
+    try:
+        with open(source) as f:
+            state = json.load(f)
+    except (OSError, ValueError) as e:
+        state = e
+    if not isinstance(state, dict):
+        sys.exit(f"--resume {source}: not a SWIFT state file ({state!r:.200}); give the "
+                 "state file an earlier learn_swift_set.py run wrote with --out")
+    state["optimization_finished"] = False
+    write_json_atomic(out, state)  # as swift writes its state file
 
 
 def main() -> None:

@@ -310,6 +310,14 @@ def test_learn_script_resumes_a_finished_state_by_optimizing_again(tmp_path):
     drive(warm, engine, FakeRunner(), 12)
     assert engine.calls > 0 and warm.total_opt_steps > 0
 
+    for text in ("{not json", "[1, 2]"):
+        bad = tmp_path / "bad.json"
+        bad.write_text(text)
+        with pytest.raises(SystemExit, match=r"--resume .*bad.json: not a SWIFT state file .*"
+                                             r"give the state file an earlier learn_swift_set.py run wrote"):
+            copy_state_to_resume(str(bad), str(tmp_path / "out.json"))
+        assert not (tmp_path / "out.json").exists()
+
 
 SHARE = 0.1
 STEP_S = SCORE_S = 0.1  # fake engine step and scoring pass times
