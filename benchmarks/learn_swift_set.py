@@ -81,6 +81,9 @@ def main() -> None:
                         help="score candidates by matchness at draft length K: the share "
                              "of a K-token draft from each position that would be accepted "
                              "(swift's score_draft_length; 1: the paper's matchness)")
+    parser.add_argument("--bo-interval", type=int, default=25, metavar="BETA",
+                        help="every BETA-th candidate from Bayesian optimization, the "
+                             "others random (swift's bo_interval; the paper's 25)")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--resume", metavar="STATE",
                         help="an earlier run's state file to go on from (copied to --out; "
@@ -114,7 +117,7 @@ def main() -> None:
             "patience": args.patience, "max_optimization_steps": args.max_steps,
             "acceptance_tolerance": 0.0, "reoptimize_below": 0.0,
             "max_score_tokens": args.max_score_tokens, "confirm_duels": args.confirm_duels,
-            "score_draft_length": args.score_draft_length}
+            "score_draft_length": args.score_draft_length, "bo_interval": args.bo_interval}
     llm = LLM(model=args.model or ensure_default_model(), speculative_config=spec, dtype=args.dtype,
               enforce_eager=True, max_model_len=2048, disable_log_stats=False, seed=0)
     questions = read_questions(args.prompts) if args.prompts else owned_prompts()
