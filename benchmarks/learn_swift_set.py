@@ -77,10 +77,6 @@ def main() -> None:
     parser.add_argument("--confirm-duels", type=int, default=2,
                         help="fresh windows a challenger must also win before it replaces "
                              "the best set (swift's default; 0: the paper's single duel)")
-    parser.add_argument("--score-draft-length", type=int, default=1, metavar="K",
-                        help="score candidates by matchness at draft length K: the share "
-                             "of a K-token draft from each position that would be accepted "
-                             "(swift's score_draft_length; 1: the paper's matchness)")
     parser.add_argument("--bo-interval", type=int, default=25, metavar="BETA",
                         help="every BETA-th candidate from Bayesian optimization, the "
                              "others random (swift's bo_interval; the paper's 25)")
@@ -117,7 +113,7 @@ def main() -> None:
             "patience": args.patience, "max_optimization_steps": args.max_steps,
             "acceptance_tolerance": 0.0, "reoptimize_below": 0.0,
             "max_score_tokens": args.max_score_tokens, "confirm_duels": args.confirm_duels,
-            "score_draft_length": args.score_draft_length, "bo_interval": args.bo_interval}
+            "bo_interval": args.bo_interval}
     llm = LLM(model=args.model or ensure_default_model(), speculative_config=spec, dtype=args.dtype,
               enforce_eager=True, max_model_len=2048, disable_log_stats=False, seed=0)
     questions = read_questions(args.prompts) if args.prompts else owned_prompts()
@@ -132,7 +128,7 @@ def main() -> None:
             llm.generate(batch, params, use_tqdm=False)
             s = proposer_stats(llm)["swift"]
             print(f"round {round_ + 1}: {s['optimization_steps']} candidates scored, phase "
-                  f"{s['phase']}, matchness (K = {args.score_draft_length}) best {s['best_matchness']:.3f} (initial set "
+                  f"{s['phase']}, matchness best {s['best_matchness']:.3f} (initial set "
                   f"{_score(s['initial_matchness'])}), {s['improvements']} improvements ({s['challengers']} challengers, "
                   f"{s['challengers_rejected']} turned down on fresh windows), "
                   f"{time.perf_counter() - start:.0f} s", flush=True)

@@ -15,7 +15,7 @@ from vllm_layerskip.core.faults import ENV_VAR
 from vllm_layerskip.core.errors import LayerSkipConfigError
 from vllm_layerskip.core.identity import ModelIdentity
 from vllm_layerskip.methods.swift.options import SwiftOptions
-from vllm_layerskip.methods.swift.search import MIN_ACCEPTANCE_TOKENS, SwiftSearch, draft_matchness
+from vllm_layerskip.methods.swift.search import MIN_ACCEPTANCE_TOKENS, SwiftSearch
 from vllm_layerskip.core.set_search import SubLayerSpace
 from vllm_layerskip.methods.swift.state_file import load_state
 
@@ -119,45 +119,6 @@ class LoggingEngine(FakeEngine):
         self.calls += 1
         m = 0.5 if mask == self.starting else 0.75 if windows.starts[0] < self.lucky_until else 0.25
         return np.arange(windows.num_tokens) < round(m * windows.num_tokens)
-
-
-def test_matchness_at_draft_length_k_counts_runs_of_exact_predictions():
-    one = np.array([4])
-    # k = 1: the paper's matchness, the mean.
-    assert draft_matchness(np.array([1, 1, 0, 1], bool), one, 1) == 0.75
-    # k = 2, drafts from positions 0..3 of [1, 1, 0, 1]: 2 of 2, 1 of 2, 0 of 2,
-    # 1 of 1 (the window ends).
-    assert draft_matchness(np.array([1, 1, 0, 1], bool), one, 2) == 4 / 7
-    # Equal matchness, misses spread against clustered: only k > 1 tells them apart.
-    spread = np.array([1, 0] * 4, bool)
-    clustered = np.array([1] * 4 + [0] * 4, bool)
-    eight = np.array([8])
-    assert draft_matchness(spread, eight, 1) == draft_matchness(clustered, eight, 1) == 0.5
-    assert draft_matchness(spread, eight, 4) == 4 / 26  # drafts 4,4,4,4,4,3,2,1
-    assert draft_matchness(clustered, eight, 4) == 10 / 26
-    # A draft never runs past its window into the next one.
-    assert draft_matchness(np.array([1, 1, 0, 1], bool), np.array([2, 2]), 3) == 4 / 6
-    assert draft_matchness(np.array([], bool), np.array([], np.int64), 3) == 0.0
-
-
-def test_candidates_are_scored_at_score_draft_length():
-    engine, runner = LoggingEngine(harmless=range(6)), FakeRunner()
-    seen = []
-    score = engine.score
-
-    def recording_score(runner, windows, mask):
-        matches = score(runner, windows, mask)
-        seen.append(draft_matchness(matches, windows.lengths, 4))
-        return matches
-
-    engine.score = recording_score
-    search = SwiftSearch(options(score_draft_length=4), NUM_LAYERS, IDENTITY)
-    drive(search, engine, runner, 40)
-    scores = [o.matchness for o in search.history]
-    assert len(scores) >= 10 and scores == seen
-    with pytest.raises(LayerSkipConfigError,
-                       match=r"'score_draft_length' must be a positive integer \(tokens\), got 0"):
-        options(score_draft_length=0)
 
 
 @pytest.mark.parametrize("confirm_duels", [0, 2])
@@ -298,12 +259,6 @@ def test_state_file_round_trip_and_refusals(tmp_path):
     warm = SwiftSearch(options(state_file=str(path)), NUM_LAYERS, IDENTITY)
     assert warm.phase == "accelerating" and warm.best == search.best
     assert warm.stop_reason == "loaded from state_file"
-    assert len(warm.history) == len(state.history) and warm.best_matchness == state.best_matchness
-    # Scores at another draft length are another measure: the set is kept, they are not.
-    assert state.score_draft_length == 1
-    other_k = SwiftSearch(options(state_file=str(path), score_draft_length=8), NUM_LAYERS, IDENTITY)
-    assert other_k.best == search.best and other_k.history == []
-    assert other_k.best_matchness == -1.0  # measured again before anything is compared with it
 
     other = ModelIdentity("other", "LlamaForCausalLM", NUM_LAYERS, 64, 1000)
     with pytest.raises(LayerSkipConfigError, match=r"was made for another model \(model: file 'tiny' vs running 'other' \(no weight fingerprint"):
@@ -324,26 +279,6 @@ def test_state_file_round_trip_and_refusals(tmp_path):
     bad.write_text(json.dumps(data))
     with pytest.raises(LayerSkipConfigError, match="is corrupt: missing or malformed field"):
         options(state_file=str(bad)).validate_for_model(IDENTITY)
-
-
-def test_state_file_keeps_the_draft_length_its_scores_were_measured_at(tmp_path):
-    path = tmp_path / "swift-k4.json"
-    search = SwiftSearch(options(patience=5, state_file=str(path), score_draft_length=4),
-                         NUM_LAYERS, IDENTITY)
-    drive(search, FakeEngine(constant=0.5), FakeRunner(), 30)
-    deadline = time.monotonic() + 10
-    while not (path.exists() and load_state(path, IDENTITY).optimization_finished):
-        assert time.monotonic() < deadline, "the finished state was never written"
-        time.sleep(0.01)
-    state = load_state(path, IDENTITY)
-    assert state.score_draft_length == 4 and len(state.history) >= 5
-    same_k = SwiftSearch(options(state_file=str(path), score_draft_length=4), NUM_LAYERS, IDENTITY)
-    assert len(same_k.history) == len(state.history)
-    data = json.loads(path.read_text())
-    data["score_draft_length"] = 0
-    path.write_text(json.dumps(data))
-    with pytest.raises(LayerSkipConfigError, match="is corrupt: score_draft_length 0 below 1"):
-        options(state_file=str(path)).validate_for_model(IDENTITY)
 
 
 def test_learn_script_resumes_a_finished_state_by_optimizing_again(tmp_path):

@@ -34,14 +34,6 @@ class SwiftOptions(DraftingOptions):
     """Stop optimizing after this many candidates without a better set."""
     target_matchness: float = 0.95
     """Stop optimizing once the best set's matchness exceeds this."""
-    score_draft_length: int = 1
-    """K of the score: a candidate's matchness is the fraction of a K-token
-    draft started at every window position that would be accepted (its run of
-    exact predictions, teacher-forced). 1 is the paper's matchness, one token
-    ahead; the running K scores what M counts. Why: at K = 8 on
-    Qwen2.5-Coder-1.5B the set SWIFT kept by one-token matchness accepted 1.25x
-    the evenly spread set's tokens a step, a set searched for M 1.55x
-    (benchmarks/RESULTS.md)."""
     draft_confidence_threshold: float = 0.8
     """epsilon: stop a request's draft once the top-1 probability is below this."""
     acceptance_tolerance: float = 0.7
@@ -93,7 +85,6 @@ class SwiftOptions(DraftingOptions):
         check_int("max_optimization_steps", self.max_optimization_steps, minimum=0, unit="steps")
         check_int("patience", self.patience, minimum=1, unit="optimization steps")
         check_number("target_matchness", self.target_matchness, 0.0, 1.0)
-        check_int("score_draft_length", self.score_draft_length, minimum=1, unit="tokens")
         check_number("acceptance_tolerance", self.acceptance_tolerance, 0.0, 1.0)
         check_number("skip_ratio_step", self.skip_ratio_step, 0.0, 1.0)
         check_number("reoptimize_below", self.reoptimize_below, 0.0, 1.0)

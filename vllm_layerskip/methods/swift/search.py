@@ -57,30 +57,6 @@ class _Challenger:
             self.fresh_from[req_id] = max(self.fresh_from.get(req_id, 0), int(start + length))
 
 
-def draft_matchness(matches: np.ndarray, lengths: np.ndarray, k: int) -> float:
-    """Matchness at draft length `k`: the fraction of drafted tokens accepted if
-    a `k`-token draft started at every position of every window.
-
-    `matches` [N]: whether the draft predicted each window token exactly
-    (teacher-forced), window after window; `lengths` [W]: the windows' lengths.
-    A draft from position i is accepted up to its first miss; it drafts
-    min(k, tokens left in the window). k = 1 is the paper's matchness (the mean
-    of `matches`). Teacher-forced runs read the target's KV where a real draft
-    reads its own, so deep positions score a little above what verification
-    accepts; candidates are compared with each other, on the same windows."""
-    accepted = drafted = 0
-    end = 0
-    for n in lengths.tolist():
-        window, end = matches[end : end + n], end + n
-        run = np.zeros(n + 1, dtype=np.int64)  # run[i]: exact predictions from i on
-        for i in range(n - 1, -1, -1):
-            run[i] = run[i + 1] + 1 if window[i] else 0
-        ahead = np.minimum(k, n - np.arange(n))
-        accepted += int(np.minimum(run[:n], ahead).sum())
-        drafted += int(ahead.sum())
-    return accepted / drafted if drafted else 0.0
-
-
 class SwiftSearch:
     """The engine-wide skip-set optimizer (phases in the module docstring)."""
 
@@ -246,8 +222,7 @@ class SwiftSearch:
         return ("wait",) if outcome is None else ("score", outcome.value)
 
     def _matchness(self, runner, engine, windows: ScoreWindows, coords: Coords) -> float:
-        matches = engine.score(runner, windows, self.space.mask(coords))
-        score = draft_matchness(matches, windows.lengths, self.options.score_draft_length)
+        score = float(engine.score(runner, windows, self.space.mask(coords)).mean())
         # Equal on every rank in theory (same logits); shared so that what
         # follows from it (the incumbent pass, the best set) surely is.
         return self.agreement.share(score)
@@ -504,29 +479,17 @@ class SwiftSearch:
         self.ratio = state.skip_ratio
         self.count = self.options.num_skipped(self.space.num_layers, self.ratio)
         best = self.space.coords(state.best_attn, state.best_mlp)
-        # Scores at another draft length measure something else: the set is
-        # kept, its score and the history are not (measured again from here).
-        same_measure = state.score_draft_length == self.options.score_draft_length
-        self._set_best(best, [state.best_matchness] if same_measure else [])
+        self._set_best(best, [state.best_matchness])
         self.improvements = 0
-        if same_measure:
-            self.history = list(state.history)
-            for o in state.history:
-                self.worker.submit(("observe", self.space.coords(o.skip_attn, o.skip_mlp), o.matchness))
-        else:
-            logger.info(
-                "vllm-layerskip swift: %s scored sets at score_draft_length %d, this engine at "
-                "%d: its set is kept, its %d scores are not",
-                self.options.state_file, state.score_draft_length,
-                self.options.score_draft_length, len(state.history),
-            )
+        self.history = list(state.history)
+        for o in state.history:
+            self.worker.submit(("observe", self.space.coords(o.skip_attn, o.skip_mlp), o.matchness))
         if state.optimization_finished:
             self.stop_reason = "loaded from state_file"
             self._set_phase("accelerating")
         logger.info(
-            "vllm-layerskip swift: warm start from %s (%d observations, matchness %s)",
-            self.options.state_file, len(self.history),
-            f"{self.best_matchness:.3f}" if same_measure else "to be measured",
+            "vllm-layerskip swift: warm start from %s (%d observations, matchness %.3f)",
+            self.options.state_file, len(state.history), state.best_matchness,
         )
 
     def _maybe_save(self, force: bool = False) -> None:
@@ -545,7 +508,6 @@ class SwiftSearch:
             best_matchness=max(self.best_matchness, 0.0),
             optimization_finished=self.phase == "accelerating",
             history=list(self.history),
-            score_draft_length=self.options.score_draft_length,
         )
         self.worker.submit(("save", self.options.state_file, state))
 

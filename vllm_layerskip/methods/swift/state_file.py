@@ -4,7 +4,6 @@
       "format": "vllm-layerskip/swift-state", "version": 1,
       "model": {model, architecture, num_layers, hidden_size, vocab_size},
       "skip_ratio": 0.45,
-      "score_draft_length": 1,
       "best": {"skip_attn": [...], "skip_mlp": [...], "matchness": 0.61},
       "optimization_finished": false,
       "history": [{"skip_attn": [...], "skip_mlp": [...], "skip_ratio": 0.45,
@@ -55,9 +54,6 @@ class SwiftState:
     best_matchness: float
     optimization_finished: bool
     history: list[Observation] = field(default_factory=list)
-    # The K the scores were measured at (SwiftOptions.score_draft_length);
-    # files from before the option have 1, the only measure they knew.
-    score_draft_length: int = 1
 
     def to_json(self) -> dict:
         return {
@@ -65,7 +61,6 @@ class SwiftState:
             "version": STATE.version,
             "model": self.model.as_dict(),
             "skip_ratio": self.skip_ratio,
-            "score_draft_length": self.score_draft_length,
             "best": {
                 "skip_attn": self.best_attn,
                 "skip_mlp": self.best_mlp,
@@ -98,7 +93,6 @@ def load_state(path: str | os.PathLike, model: ModelIdentity) -> SwiftState | No
             best_matchness=float(best["matchness"]),
             optimization_finished=bool(data["optimization_finished"]),
             history=history,
-            score_draft_length=int(data.get("score_draft_length", 1)),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise STATE.refuse(path, f"is corrupt: missing or malformed field ({e!r})") from e
@@ -112,10 +106,6 @@ def load_state(path: str | os.PathLike, model: ModelIdentity) -> SwiftState | No
             raise STATE.refuse(path, f"is corrupt: layer indices {bad} outside 1..{last - 1}")
     if not 0.0 < state.skip_ratio < 1.0:
         raise STATE.refuse(path, f"is corrupt: skip_ratio {state.skip_ratio} not in (0, 1)")
-    if state.score_draft_length < 1:
-        raise STATE.refuse(
-            path, f"is corrupt: score_draft_length {state.score_draft_length} below 1"
-        )
     return state
 
 
