@@ -390,3 +390,21 @@ def test_optimizer_thread_cpu_time_counts_against_the_share(monkeypatch):
     calls = run.engine.calls
     assert 1 <= calls <= budget / (SCORE_S + 2 * 0.05) + 3, calls
     assert run.search.summary()["worker_cpu_seconds"] >= 0.05 * calls
+
+
+def test_a_set_scored_again_is_registered_without_printing(capsys):
+    """SWIFT re-scores its best set every few candidates: each repeat must reach
+    the Gaussian process (its scores averaged there) without the package's red
+    line on stdout for every exact repeat, which flooded the server log."""
+    from vllm_layerskip.core.set_search import BayesianSetOptimizer
+
+    space = SubLayerSpace(NUM_LAYERS)
+    bo = BayesianSetOptimizer(space, seed=0)
+    best, other = space.evenly_spread(6), space.random(np.random.default_rng(3), 6)
+    for coords, score in [(best, 0.6), (other, 0.3), (best, 0.7), (best, 0.65)]:
+        bo.register(coords, score)
+    assert bo.num_observations == 4 and len(bo.optimizer.space) == 4
+    assert capsys.readouterr().out == ""
+    points = bo.optimizer.space.params
+    assert np.abs(points[2] - points[0]).max() == pytest.approx(1e-6)  # beside it, not on it
+    assert len(bo.suggest(6)) == 6
