@@ -121,10 +121,10 @@ class BayesianSetOptimizer:
             acquisition_function=_UCB(kappa=kappa, random_state=seed),
             random_state=seed,
             verbose=0,
-            allow_duplicate_points=True,  # the same set may be scored on new text
+            # A safety net: register() moves a repeated set off its earlier points.
+            allow_duplicate_points=True,
         )
         self.optimizer.set_gp_params(alpha=1e-2)
-        self.num_observations = 0
         self.times_seen: dict[Coords, int] = {}
 
     def register(self, coords: Coords, score: float) -> None:
@@ -147,7 +147,10 @@ class BayesianSetOptimizer:
         # registering the 941 scores of a SWIFT state file take 17 s of CPU, in
         # the optimizer thread beside decoding (quadratic in the scores).
         self.optimizer.space.register(params, float(score))
-        self.num_observations += 1
+
+    @property
+    def num_observations(self) -> int:
+        return len(self.optimizer.space)
 
     def suggest(self, count: int) -> Coords:
         return self.space.top(self.optimizer.suggest(), count)
