@@ -15,8 +15,19 @@ verified token is not free (8 requests a step here) a long match may pay and a
 short one not; these figures say whether the difference is large enough to
 weigh them apart.
 
-    .venv/bin/python benchmarks/lookup_match_length.py benchmarks/results/2026-11-28/bench_20261128-182920.json \\
-        --model ~/.cache/vllm_layerskip/SmolLM2-135M-Instruct
+With --token-cost R (one more verified token's cost over a request's share of a
+step: ms per extra token x requests in the step / ms per step) it also decodes
+every output again as greedy speculative decoding would, drafting by lookup
+alone, under five policies: copy K whenever there is a match (vLLM's `ngram`),
+one draft length from the acceptance of all copies (the cost model as built),
+one length per matched n, one per (matched n, whether every earlier occurrence
+went on alike, how the request's last copy fared), and an oracle that copies
+exactly the tokens that will be accepted. Each prints its speedup over plain decoding in that cost
+model: what the copies can gain at all at that verify cost. (The rates are the
+replay's own, in sample: a bound, not a forecast.)
+
+    .venv/bin/python benchmarks/lookup_match_length.py benchmarks/results/2026-11-29/bench_20261129-015007.json \\
+        --model ~/.cache/vllm_layerskip/Qwen2.5-Coder-1.5B-Instruct --k 8 --token-cost 0.25 0.45
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -70,6 +82,112 @@ def replay(outputs: list[tuple[list[int], list[int]]], max_n: int, min_n: int, k
     return by_n
 
 
+def best_length(rates: np.ndarray, token_cost: float) -> int:
+    """The draft length that maximizes a request's tokens per unit of time,
+    (1 + expected accepted) / (1 + token_cost x length); 0: no draft."""
+    gains = np.concatenate([[0.0], np.cumsum(np.cumprod(rates))])
+    lengths = np.arange(len(gains))
+    return int(np.argmax((1 + gains) / (1 + token_cost * lengths)))
+
+
+def rates_of(rows: list) -> np.ndarray:
+    offered = sum(r[1] for r in rows)
+    accepted = sum(r[2] for r in rows)
+    return accepted / np.maximum(offered, 1)
+
+
+def occurrences_agree(context: np.ndarray, n: int) -> bool:
+    """Whether every earlier occurrence of the last n tokens went on with the
+    same next token (a cheap confidence a proposer could compute)."""
+    suffix, length = context[-n:], len(context)
+    starts = np.flatnonzero(context[: length - n] == suffix[0])
+    following = {int(context[i + n]) for i in starts if np.array_equal(context[i:i + n], suffix)}
+    return len(following) <= 1
+
+
+@dataclass
+class Copy:
+    """One step's lookup draft, what a policy may know of it, and the tokens it
+    will meet (`truth`, which only the oracle reads)."""
+    n: int  # the matched n
+    agree: bool  # occurrences_agree
+    last: str  # the request's previous step: "none" (no copy), "full", "part", "zero"
+    draft: np.ndarray
+    truth: list
+
+    def key(self) -> tuple:
+        return (self.n, self.agree, self.last)
+
+
+def decode_again(outputs, max_n: int, min_n: int, k: int, length_of,
+                 seen: dict | None = None) -> tuple[int, int, int]:
+    """Greedy speculative decoding of the outputs with lookup drafts whose
+    length `length_of(copy)` picks: (steps, verified draft tokens, steps of
+    plain decoding). `seen`, if given, collects per Copy.key() how a whole
+    k-token copy would have been accepted (rows as replay's)."""
+    steps = drafted = plain = 0
+    for prompt, output in outputs:
+        context = np.array(prompt + output, dtype=np.int64)
+        plain += len(output) - 1  # the first output token comes from the prefill
+        j, last = 0, "none"  # output[: j + 1] is decoded
+        while j < len(output) - 1:
+            known = context[: len(prompt) + j + 1]
+            n, draft = longest_match(known, max_n, min_n, k)
+            truth = output[j + 1: j + 1 + len(draft)]
+            m = accepted = 0
+            if len(draft):
+                copy = Copy(n, occurrences_agree(known, n), last, draft, truth)
+                m = min(length_of(copy), len(truth))
+                accepted = accepted_length(draft[:m], truth)
+                if seen is not None:
+                    whole = accepted_length(draft, truth)
+                    row = seen.setdefault(copy.key(), [0, np.zeros(k), np.zeros(k)])
+                    row[0] += 1
+                    row[1][: min(whole + 1, len(truth))] += 1
+                    row[2][:whole] += 1
+            last = "none" if not m else "full" if accepted == m else "part" if accepted else "zero"
+            steps += 1
+            drafted += m
+            j += accepted + 1
+    return steps, drafted, plain
+
+
+def lengths_by_key(outputs, max_n: int, min_n: int, k: int, token_cost: float) -> dict:
+    """A draft length per Copy.key(), from the acceptance each key's copies
+    had (in sample). The previous step's outcome depends on the lengths, so
+    the rates are gathered again under the lengths they chose, twice."""
+    lengths = None
+    for _ in range(3):
+        seen: dict = {}
+        decode_again(outputs, max_n, min_n, k,
+                     lambda c: k if lengths is None else lengths.get(c.key(), 0), seen)
+        lengths = {key: best_length(rates_of([row]), token_cost) for key, row in seen.items()}
+    return lengths
+
+
+def policies(outputs, by_n: dict, max_n: int, min_n: int, k: int, token_cost: float) -> str:
+    pooled = best_length(rates_of(list(by_n.values())), token_cost)
+    per_n = {n: best_length(rates_of([row]), token_cost) for n, row in by_n.items()}
+    per_key = lengths_by_key(outputs, max_n, min_n, k, token_cost)
+    rows = {
+        f"copy K = {k} at every match (`ngram`)": lambda c: k,
+        f"one length for all copies ({pooled})": lambda c: pooled,
+        "a length per matched n (" + ", ".join(f"{n}: {m}" for n, m in sorted(per_n.items()))
+        + ")": lambda c: per_n.get(c.n, 0),
+        f"a length per (n, occurrences agree, last step's copy): {len(per_key)} classes":
+            lambda c: per_key.get(c.key(), 0),
+        "oracle: copies exactly the accepted tokens": lambda c: accepted_length(c.draft, c.truth),
+    }
+    lines = [f"Token cost {token_cost:g} (one more verified token over a request's share of a step)",
+             "", "| policy | steps / plain | verified draft tokens | speedup over plain |",
+             "|---|---:|---:|---:|"]
+    for name, length_of in rows.items():
+        steps, drafted, plain = decode_again(outputs, max_n, min_n, k, length_of)
+        lines.append(f"| {name} | {steps / plain:.3f} | {drafted} | "
+                     f"{plain / (steps + token_cost * drafted):.3f} |")
+    return "\n".join(lines)
+
+
 def table(by_n: dict, k: int) -> str:
     lines = ["| matched n | drafts | acceptance by position | tokens accepted of a "
              f"{k}-token draft |", "|---:|---:|---|---:|"]
@@ -89,9 +207,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-n", type=int, default=8)
     p.add_argument("--min-n", type=int, default=2)
     p.add_argument("--k", type=int, default=4, help="draft length replayed")
+    p.add_argument("--token-cost", type=float, nargs="*", default=[],
+                   help="also decode again under five lookup policies at each of these "
+                        "verify costs of one more token (see above)")
     args = p.parse_args(argv)
     if not 1 <= args.min_n <= args.max_n:
         sys.exit(f"--min-n {args.min_n} / --max-n {args.max_n}: need 1 <= min <= max")
+    if any(c < 0 for c in args.token_cost):
+        sys.exit(f"--token-cost {args.token_cost}: a cost is >= 0 (0: a verified token is free)")
 
     from transformers import AutoTokenizer
 
@@ -116,7 +239,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"{args.run}: no plain turns with token ids")
     print(f"{len(outputs)} outputs of plain decoding, {sum(len(o) for _, o in outputs)} tokens; "
           f"lookup n {args.max_n}..{args.min_n}, drafts of {args.k}\n")
-    print(table(replay(outputs, args.max_n, args.min_n, args.k), args.k))
+    by_n = replay(outputs, args.max_n, args.min_n, args.k)
+    print(table(by_n, args.k))
+    for token_cost in args.token_cost:
+        print()
+        print(policies(outputs, by_n, args.max_n, args.min_n, args.k, token_cost))
 
 
 if __name__ == "__main__":
