@@ -10,10 +10,12 @@ setup(
     packages=find_packages(include=["vllm_layerskip", "vllm_layerskip.*"]) + ["vllm_layerskip.kernels"],
     package_dir={"vllm_layerskip.kernels": "kernels"},
     # Files shipped for known models: self_sd skip profiles ("profile": "shipped"),
-    # adadecode exit heads ("heads": "shipped"), draft vocabularies, owned prompts.
+    # adadecode exit heads ("heads": "shipped"), SWIFT states ("state_file":
+    # "shipped"), draft vocabularies, owned prompts.
     package_data={
         "vllm_layerskip.methods.self_sd": ["shipped/*.json"],
         "vllm_layerskip.methods.adadecode": ["shipped/*.heads.safetensors"],
+        "vllm_layerskip.methods.swift": ["shipped/*.json"],
         "vllm_layerskip.core.draft_vocab": ["shipped/*.draft-vocab.safetensors"],
         "vllm_layerskip.tools": ["data/*.jsonl"],
     },

@@ -408,3 +408,35 @@ def test_a_set_scored_again_is_registered_without_printing(capsys):
     points = bo.optimizer.space.params
     assert np.abs(points[2] - points[0]).max() == pytest.approx(1e-6)  # beside it, not on it
     assert len(bo.suggest(6)) == 6
+
+
+def test_the_shipped_state_warm_starts_its_model_and_is_never_written():
+    """"state_file": "shipped": the state learned offline for Qwen2.5-Coder-1.5B
+    (methods/swift/shipped/), found by the model's identity; SWIFT starts from
+    its set and does not write to the package."""
+    from vllm_layerskip.methods.swift.state_file import STATE
+
+    (path,) = STATE.shipped_files()
+    qwen = STATE.identity_in(path)
+    served_elsewhere = ModelIdentity("/srv/models/qwen-coder", qwen.architecture, qwen.num_layers,
+                                     qwen.hidden_size, qwen.vocab_size, qwen.fingerprint)
+    state = load_state("shipped", served_elsewhere)
+    assert (state.best_attn, state.best_mlp) == (
+        [4, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], [3, 7, 8, 9, 10, 11, 13, 14, 16, 17])
+    assert state.optimization_finished and len(state.history) > 900
+    options(skip_ratio=0.45, state_file="shipped").validate_for_model(served_elsewhere)
+
+    before = path.read_bytes()
+    search = SwiftSearch(options(skip_ratio=0.45, state_file="shipped"), qwen.num_layers,
+                         served_elsewhere)
+    assert search.phase == "accelerating" and search.stop_reason == "loaded from state_file"
+    assert search.space.layer_sets(search.best) == {"skip_attn": state.best_attn,
+                                                   "skip_mlp": state.best_mlp}
+    assert not search.write_state
+    search._maybe_save(force=True)
+    assert path.read_bytes() == before
+
+    with pytest.raises(LayerSkipConfigError, match=(
+            r"No shipped SWIFT state file for model 'tiny' \(shipped for: "
+            r"Qwen2.5-Coder-1.5B-Instruct\)\. Leave 'state_file' out, or give it a path")):
+        options(state_file="shipped").validate_for_model(IDENTITY)

@@ -38,6 +38,9 @@ class FileKind:
     suffix: str = ".json"
     shipped_dir: Path | None = None  # where shipped files of this kind live
     noun: str = ""  # "is not a <noun>"; default: `what` in lower case
+    # What to do where no file is shipped for the running model (a full
+    # sentence); default: the remedy, and to pass the made file's path.
+    unshipped: str = ""
 
     def refuse(self, path, problem: str) -> LayerSkipConfigError:
         return LayerSkipConfigError(f"{self.what} '{path}' {problem}. {self.remedy}")
@@ -57,10 +60,11 @@ class FileKind:
             except LayerSkipConfigError:
                 continue  # a damaged shipped file serves no model
         names = sorted(p.name[: -len(self.suffix)] for p in shipped)
+        remedy = self.unshipped or (
+            f"{self.remedy.rstrip('.')}, and pass its path as '{self.option}'.")
         raise LayerSkipConfigError(
-            f"No shipped {self.what.lower()} for model '{running.name}' (shipped for: "
-            f"{', '.join(names) or 'none'}). {self.remedy.rstrip('.')}, and pass its "
-            f"path as '{self.option}'."
+            f"No shipped {self.noun or self.what.lower()} for model '{running.name}' "
+            f"(shipped for: {', '.join(names) or 'none'}). {remedy}"
         )
 
     def shipped_files(self) -> list[Path]:

@@ -70,7 +70,8 @@ class SwiftOptions(DraftingOptions):
     """Seed of the random search and the Bayesian optimizer."""
     state_file: str | None = None
     """JSON file to load the learned set and optimizer history from at start-up
-    (if it exists) and to save them to as they improve."""
+    (if it exists) and to save them to as they improve; "shipped": the state
+    shipped for the running model (learned offline, read only)."""
 
     def __post_init__(self):
         super().__post_init__()
@@ -97,7 +98,8 @@ class SwiftOptions(DraftingOptions):
             not isinstance(self.state_file, str) or not self.state_file
         ):
             raise LayerSkipConfigError(
-                f"'state_file' must be a file path (string), got {self.state_file!r}."
+                f"'state_file' must be a file path (string) or \"shipped\", got "
+                f"{self.state_file!r}."
             )
 
     def num_skipped(self, num_layers: int, ratio: float | None = None) -> int:

@@ -18,6 +18,7 @@ from vllm_layerskip.core.faults import maybe_delay, maybe_fail
 from vllm_layerskip.core.optimizer_budget import OptimizerBudget
 from vllm_layerskip.core.rank_agreement import SingleRank
 from vllm_layerskip.core.set_search import BayesianSetOptimizer, Coords, SubLayerSpace
+from vllm_layerskip.core.versioned_file import SHIPPED
 from vllm_layerskip.methods.swift.options import SwiftOptions
 from vllm_layerskip.methods.swift.state_file import Observation, SwiftState, load_state, save_state
 
@@ -67,7 +68,8 @@ class SwiftSearch:
         self.agreement = agreement or SingleRank()
         # Only rank 0 optimizes and writes the state file; the other ranks
         # apply its shared decisions.
-        self.write_state = self.agreement.is_leader
+        # The shipped state is read only: SWIFT goes on from it in memory.
+        self.write_state = self.agreement.is_leader and options.state_file != SHIPPED
         self.ratio = options.skip_ratio
         self.count = options.num_skipped(num_layers, self.ratio)
         self.best: Coords = self.space.evenly_spread(self.count)

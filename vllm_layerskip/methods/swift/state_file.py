@@ -10,6 +10,11 @@
                    "matchness": 0.52}, ...]
     }
 
+`"shipped"` names the state shipped with the plugin for the running model
+(methods/swift/shipped/, found by the model's identity): a set learned offline
+(benchmarks/learn_swift_set.py). It is read, never written: SWIFT goes on from
+it in memory.
+
 Sharing: each engine (and each data-parallel rank) loads the file once at
 start-up and rewrites it whole as it learns; writes go to a temporary file in
 the same directory and are renamed over the old one, so a reader always sees a
@@ -23,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_layerskip.core.identity import ModelIdentity
-from vllm_layerskip.core.versioned_file import FileKind, write_json_atomic
+from vllm_layerskip.core.versioned_file import SHIPPED, FileKind, write_json_atomic
 
 STATE = FileKind(
     what="SWIFT state_file",
@@ -33,6 +38,9 @@ STATE = FileKind(
     remedy="Delete the file (it is rewritten as SWIFT learns) or point 'state_file' "
            "at another path.",
     option="state_file",
+    shipped_dir=Path(__file__).parent / "shipped",
+    unshipped="Leave 'state_file' out, or give it a path of your own: SWIFT writes what "
+              "it learns there and starts from it the next time.",
 )
 MAX_HISTORY = 2000
 
@@ -72,12 +80,14 @@ class SwiftState:
 
 
 def load_state(path: str | os.PathLike, model: ModelIdentity) -> SwiftState | None:
-    """The state saved at `path` for this model; None if there is no file yet.
+    """The state saved at `path` for this model (or "shipped": the one shipped
+    for it); None if there is no file yet.
 
     Raises LayerSkipConfigError for a file that is not a SWIFT state, is
-    corrupt, or was written for another model.
+    corrupt, or was written for another model, and for "shipped" where none
+    was shipped for this model.
     """
-    path = Path(path)
+    path = STATE.resolve(str(path), model)
     if not path.exists():
         return None
     data = STATE.read_json(path)
