@@ -117,6 +117,12 @@ def test_swift_config_and_corrupt_state_file(smollm2_path, tmp_path):
     with pytest.raises(LayerSkipConfigError, match=f"SWIFT state_file '{corrupt}' is not valid JSON"):
         engine_config(smollm2_path, {"method": "swift", "num_speculative_tokens": 4,
                                      "state_file": str(corrupt)})
+    # A state is shipped for Qwen2.5-Coder-1.5B only: SmolLM2 is refused at start-up.
+    with pytest.raises(LayerSkipConfigError, match=(
+            r"No shipped SWIFT state file for model '.*SmolLM2-135M-Instruct' \(shipped for: "
+            r"Qwen2.5-Coder-1.5B-Instruct\)\. Leave 'state_file' out")):
+        engine_config(smollm2_path, {"method": "swift", "num_speculative_tokens": 4,
+                                     "state_file": "shipped"})
 
 
 def test_clasp_config_maps_to_its_proposer(smollm2_path):
