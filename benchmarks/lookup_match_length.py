@@ -74,12 +74,18 @@ def replay(outputs: list[tuple[list[int], list[int]]], max_n: int, min_n: int, k
             truth = output[j + 1: j + 1 + len(draft)]
             if not len(draft) or not truth:
                 continue
-            accepted = accepted_length(draft, truth)
-            row = by_n.setdefault(n, [0, np.zeros(k), np.zeros(k)])
-            row[0] += 1
-            row[1][: min(accepted + 1, len(truth))] += 1
-            row[2][:accepted] += 1
+            count_draft(by_n, n, accepted_length(draft, truth), len(truth), k)
     return by_n
+
+
+def count_draft(rows: dict, key, accepted: int, offered: int, k: int) -> None:
+    """Add one draft to rows[key] = [drafts, offered per position, accepted per
+    position]: position i was offered if the i before it were accepted and the
+    output went on that far."""
+    row = rows.setdefault(key, [0, np.zeros(k), np.zeros(k)])
+    row[0] += 1
+    row[1][: min(accepted + 1, offered)] += 1
+    row[2][:accepted] += 1
 
 
 def best_length(rates: np.ndarray, token_cost: float) -> int:
@@ -140,11 +146,7 @@ def decode_again(outputs, max_n: int, min_n: int, k: int, length_of,
                 m = min(length_of(copy), len(truth))
                 accepted = accepted_length(draft[:m], truth)
                 if seen is not None:
-                    whole = accepted_length(draft, truth)
-                    row = seen.setdefault(copy.key(), [0, np.zeros(k), np.zeros(k)])
-                    row[0] += 1
-                    row[1][: min(whole + 1, len(truth))] += 1
-                    row[2][:whole] += 1
+                    count_draft(seen, copy.key(), accepted_length(draft, truth), len(truth), k)
             last = "none" if not m else "full" if accepted == m else "part" if accepted else "zero"
             steps += 1
             drafted += m
@@ -192,9 +194,8 @@ def table(by_n: dict, k: int) -> str:
     lines = ["| matched n | drafts | acceptance by position | tokens accepted of a "
              f"{k}-token draft |", "|---:|---:|---|---:|"]
     for n in sorted(by_n):
-        drafts, offered, accepted = by_n[n]
-        rates = accepted / np.maximum(offered, 1)
-        lines.append(f"| {n} | {drafts} | {' '.join(f'{r:.2f}' for r in rates)} | "
+        rates = rates_of([by_n[n]])
+        lines.append(f"| {n} | {by_n[n][0]} | {' '.join(f'{r:.2f}' for r in rates)} | "
                      f"{np.cumprod(rates).sum():.2f} |")
     return "\n".join(lines)
 

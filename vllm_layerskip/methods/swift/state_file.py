@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_layerskip.core.identity import ModelIdentity
-from vllm_layerskip.core.versioned_file import SHIPPED, FileKind, write_json_atomic
+from vllm_layerskip.core.versioned_file import FileKind, write_json_atomic
 
 STATE = FileKind(
     what="SWIFT state_file",
