@@ -8,11 +8,12 @@ import os
 import sys
 
 import numpy as np
+import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks"))
 
 from lookup_match_length import (accepted_length, best_length, decode_again,  # noqa: E402
-                                 occurrences_agree, replay)
+                                 main, occurrences_agree, replay)
 
 
 def test_the_length_follows_the_cost_of_a_verified_token():
@@ -56,3 +57,8 @@ def test_a_copy_knows_whether_earlier_occurrences_went_on_alike():
     # The first copy follows 7, which went on as 1 and as 2; the second follows
     # 1, which went on one way only. The first copy missed: the second's last is "zero".
     assert set(seen) == {(1, False, "none"), (1, True, "zero")}
+
+
+def test_a_negative_token_cost_is_refused_before_anything_loads():
+    with pytest.raises(SystemExit, match=r"--token-cost \[0.25, -1.0\]: a cost is >= 0"):
+        main(["no-such-run.json", "--model", "no-such-model", "--token-cost", "0.25", "-1"])
