@@ -148,3 +148,29 @@ def test_optimizer_thread_failure_keeps_serving(smollm2_path, questions, monkeyp
     assert first == expected and second == expected
     assert swift["phase"] == "stopped" and "fault injected" in swift["error"], swift
     assert counters.drafts > 50  # drafting went on with the last good set
+
+
+def test_shipped_state_drafts_with_the_learned_set(smollm2_path, questions):
+    """"state_file": "shipped" on SmolLM2: SWIFT starts accelerating with the
+    set learned offline (benchmarks/learn_swift_set.py, 2026-12-02) and drafts
+    with it from the first step, without scoring a candidate first."""
+    config = {"method": "swift", "num_speculative_tokens": 4, "adaptive_draft_length": False,
+              "prompt_lookup_max": 0, "state_file": "shipped"}
+    llm = make_llm(smollm2_path, in_process=True, speculative_config=config,
+                   max_model_len=MAX_MODEL_LEN)
+    try:
+        _generate(llm, questions["held_out"], 64)
+        swift = proposer_stats(llm)["swift"]
+        counters = spec_decode_counters(llm)
+    finally:
+        shutdown(llm)
+    assert swift["best_set"] == {"skip_attn": [2, 4, 5, 6, 7, 8, 9, 11, 12, 13, 14, 16, 17, 20, 23],
+                                 "skip_mlp": [2, 4, 5, 6, 7, 9, 10, 11, 13, 14]}, swift
+    assert swift["phase"] == "accelerating" and swift["optimization_steps"] == 0, swift
+    # On these prompts (float32, K = 4, 64 tokens) the evenly spread set it would
+    # start from has its first drafted token accepted 0.247 (85 of 344, the same on
+    # two CPUs: test above), this set run as layer_skip 0.300; SWIFT's own drafts
+    # here 0.311 (109 of 351, most of them one token long: its confidence exit).
+    # On 24 other held-out prompts, as layer_skip: M 1.75 against 1.36 at K = 8
+    # (benchmarks/results/2026-12-02/set_acceptance_swift_smollm2_20261202.md).
+    assert counters.acceptance_per_position[0] > 0.28, counters

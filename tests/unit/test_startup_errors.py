@@ -117,12 +117,18 @@ def test_swift_config_and_corrupt_state_file(smollm2_path, tmp_path):
     with pytest.raises(LayerSkipConfigError, match=f"SWIFT state_file '{corrupt}' is not valid JSON"):
         engine_config(smollm2_path, {"method": "swift", "num_speculative_tokens": 4,
                                      "state_file": str(corrupt)})
-    # A state is shipped for Qwen2.5-Coder-1.5B only: SmolLM2 is refused at start-up.
-    with pytest.raises(LayerSkipConfigError, match=(
-            r"No shipped SWIFT state file for model '.*SmolLM2-135M-Instruct' \(shipped for: "
-            r"Qwen2.5-Coder-1.5B-Instruct\)\. Leave 'state_file' out")):
-        engine_config(smollm2_path, {"method": "swift", "num_speculative_tokens": 4,
-                                     "state_file": "shipped"})
+    # A state ships for SmolLM2, found by the weights' identity from the converted
+    # model's directory: the set its optimizer learned offline (2026-12-02).
+    from vllm_layerskip.core.identity import model_identity
+    from vllm_layerskip.methods.swift.state_file import load_state
+
+    config = engine_config(smollm2_path, {"method": "swift", "num_speculative_tokens": 4,
+                                          "state_file": "shipped"})
+    assert config.speculative_config.layerskip.options.state_file == "shipped"
+    state = load_state("shipped", model_identity(config.model_config))
+    assert (state.best_attn, state.best_mlp) == (
+        [2, 4, 5, 6, 7, 8, 9, 11, 12, 13, 14, 16, 17, 20, 23], [2, 4, 5, 6, 7, 9, 10, 11, 13, 14])
+    assert state.optimization_finished
 
 
 def test_clasp_config_maps_to_its_proposer(smollm2_path):

@@ -412,11 +412,13 @@ def test_a_set_scored_again_is_registered_without_printing(capsys):
 
 def test_the_shipped_state_warm_starts_its_model_and_is_never_written():
     """"state_file": "shipped": the state learned offline for Qwen2.5-Coder-1.5B
-    (methods/swift/shipped/), found by the model's identity; SWIFT starts from
+    (methods/swift/shipped/; SmolLM2's beside it), found by the model's identity; SWIFT starts from
     its set and does not write to the package."""
     from vllm_layerskip.methods.swift.state_file import STATE
 
-    (path,) = STATE.shipped_files()
+    files = {path.name: path for path in STATE.shipped_files()}
+    assert sorted(files) == ["Qwen2.5-Coder-1.5B-Instruct.json", "SmolLM2-135M-Instruct.json"]
+    path = files["Qwen2.5-Coder-1.5B-Instruct.json"]
     qwen = STATE.identity_in(path)
     served_elsewhere = ModelIdentity("/srv/models/qwen-coder", qwen.architecture, qwen.num_layers,
                                      qwen.hidden_size, qwen.vocab_size, qwen.fingerprint)
@@ -438,5 +440,6 @@ def test_the_shipped_state_warm_starts_its_model_and_is_never_written():
 
     with pytest.raises(LayerSkipConfigError, match=(
             r"No shipped SWIFT state file for model 'tiny' \(shipped for: "
-            r"Qwen2.5-Coder-1.5B-Instruct\)\. Leave 'state_file' out, or give it a path")):
+            r"Qwen2.5-Coder-1.5B-Instruct, SmolLM2-135M-Instruct\)\. Leave 'state_file' out, "
+            r"or give it a path")):
         options(state_file="shipped").validate_for_model(IDENTITY)
