@@ -114,9 +114,11 @@ class _Model(nn.Module):
         return self.lm_head(hidden)
 
 
-def _stack(model: _Model):
-    """What DraftHead reads of the decoder stack: the model and its full logits."""
-    return type("Stack", (), {"model": model, "logits": lambda self, h: model.compute_logits(h)})()
+def _stack(model: _Model, draft_scheme: str | None = None):
+    """What DraftHead reads of the decoder stack: the model, its full logits and
+    how its draft copies are quantized (None: no draft weights)."""
+    return type("Stack", (), {"model": model, "logits": lambda self, h: model.compute_logits(h),
+                              "draft_scheme": draft_scheme})()
 
 
 def test_sliced_head_scores_exactly_the_chosen_rows():
@@ -135,6 +137,30 @@ def test_sliced_head_scores_exactly_the_chosen_rows():
     assert torch.equal(row[:, ids], q) and row.sum(-1).allclose(torch.ones(4))
     assert (row[:, [i for i in range(50) if i not in ids.tolist()]] == 0).all()
     assert pruned.num_columns(50) == 5 and full.num_columns(50) == 50
+
+
+@pytest.mark.parametrize("scheme,bound,max_tokens", [("int4", 0.12, 4), ("w8a8", 0.03, None)])
+def test_with_draft_weights_the_slice_is_read_through_a_quantized_copy(scheme, bound, max_tokens):
+    """With draft weights a pruned head reads a copy of its rows quantized as the
+    layers are, for the passes the scheme gains on; larger passes (and the full
+    head) read the model's rows."""
+    torch.manual_seed(0)
+    model = _Model(vocab=200, hidden=64).to(torch.bfloat16)
+    ids = torch.randperm(200)[:96]  # a multiple of 16 rows: int4's kernel tiles
+    plain, copied = DraftHead(_stack(model), ids), DraftHead(_stack(model, scheme), ids)
+    assert plain.quantized_bytes == 0 and copied._slice.max_quantized_tokens == max_tokens
+    rows = 96 * 64 * 2  # the bf16 slice's bytes
+    assert 0 < copied.quantized_bytes < (rows if scheme == "w8a8" else rows // 2)
+    one = torch.randn(1, 64, dtype=torch.bfloat16)
+    want, got = plain.logits(one), copied.logits(one)
+    error = ((got - want).norm() / want.norm()).item()
+    assert 1e-4 < error < bound, error  # the copy, not the rows, and close to them
+    many = torch.randn(5, 64, dtype=torch.bfloat16)
+    if max_tokens is not None:  # int4 computes token by token: 5 rows read the bf16 slice
+        assert torch.equal(copied.logits(many), plain.logits(many))
+    else:  # w8a8 reads its weights once for a whole pass: every size uses the copy
+        assert not torch.equal(copied.logits(many), plain.logits(many))
+    assert DraftHead(_stack(model, scheme))._slice is None  # the full head: the model's own
 
 
 def test_the_id_table_is_copied_to_a_device_once():

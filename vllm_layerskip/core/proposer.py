@@ -103,8 +103,10 @@ class LayerSkipProposerBase:
                 "before the model? vllm.general_plugins entry point)."
             )
         if loaded is not None:
-            logger.info("vllm-layerskip %s: drafts read %s copies of the linear weights "
-                        "(%.2f GB beside the model's)", self.method, asked, loaded["bytes"] / 1e9)
+            head = " and of the pruned draft head" if self.engine.head.quantized_bytes else ""
+            logger.info("vllm-layerskip %s: drafts read %s copies of the linear weights%s "
+                        "(%.2f GB beside the model's)", self.method, asked, head,
+                        loaded["bytes"] / 1e9)
 
     def _draft_weights_status(self) -> dict | None:
         """The quantized copies draft passes read, None without (draft_weights)."""
@@ -113,7 +115,8 @@ class LayerSkipProposerBase:
         stack = self.engine.stack
         if stack is None or stack.draft is None:
             return None
-        return {"scheme": self.options.draft_weights, "bytes": total_bytes(stack.draft),
+        return {"scheme": self.options.draft_weights,
+                "bytes": total_bytes(stack.draft) + self.engine.head.quantized_bytes,
                 "max_tokens_per_pass": stack.draft[0].max_tokens}
 
     def _warn_if_bf16_cannot_pay(self) -> None:
