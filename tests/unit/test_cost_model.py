@@ -506,3 +506,47 @@ def test_drafting_turned_off_by_a_hard_request_turns_on_again_for_an_easy_one(mo
     monkeypatch.setattr(cost_model, "IDLE_FADE", 1.0)
     stale = [_drafting_share_after_a_hard_request(seed) for seed in range(6)]
     assert np.mean(stale) < 0.3, stale
+
+
+def _int4_batch1_run(first_pass: float, spike_at: int | None = None, steps: int = 1000):
+    """Qwen2.5-Coder-1.5B with int4 draft weights at batch 1 (verify 92 ms + 2.6 ms
+    a token, a draft pass 40 ms, 95% of drafts accepted), the first draft pass
+    `first_pass` seconds long, and pass `spike_at` 10 times too slow: the
+    share of steps 300 on that draft."""
+    rng = np.random.default_rng(0)
+    policy = DraftLengthPolicy(max_k=8)
+    chosen, passes = [], 0
+    for _ in range(steps):
+        k, rows = policy.choose(1)
+        chosen.append(k)
+        if k:
+            seconds = first_pass if passes == 0 else 0.4 if passes == spike_at else 0.040
+            policy.observe_draft(rows, seconds)
+            passes += 1
+            for _ in range(rows):
+                accepted = 0
+                while accepted < k and rng.random() < 0.95:
+                    accepted += 1
+                policy.observe_acceptance(k, accepted)
+        policy.observe_verify(1 + rows * k, 0.092 + 0.0026 * (1 + rows * k))
+    return float(np.mean([k > 0 for k in chosen[300:]])), policy
+
+
+def test_a_slow_first_draft_pass_does_not_keep_drafting_off():
+    """One slow pass (first calls, another process busy) must not stand for the
+    draft's cost: once drafting is off only probes add samples, and it stayed in
+    the window (before DRAFT_OUTLIER: off for all 1000 steps at 0.2 s)."""
+    for first_pass in (0.2, 0.7):
+        share, policy = _int4_batch1_run(first_pass)
+        assert share > 0.9, (first_pass, share)
+        assert policy.draft_cost.predict(1) == pytest.approx(0.040)
+
+
+def test_a_draft_pass_spike_is_left_out_of_the_cost():
+    share, policy = _int4_batch1_run(0.040, spike_at=50)
+    assert share > 0.9 and policy.draft_cost.predict(1) == pytest.approx(0.040)
+    # One sample and a slower second one: both count (a draft that got slower).
+    policy = DraftLengthPolicy(max_k=4)
+    policy.observe_draft(1, 0.010)
+    policy.observe_draft(1, 0.050)
+    assert policy.draft_cost.predict(1) == pytest.approx(0.030)

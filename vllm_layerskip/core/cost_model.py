@@ -79,6 +79,11 @@ class LinearCost:
     def __len__(self) -> int:
         return len(self.samples)
 
+    def clear(self) -> None:
+        self.samples.clear()
+        self._sums = [0.0, 0.0, 0.0, 0.0]
+        self._line = None
+
     def _fit(self) -> tuple[float, float] | None:
         if self._line is None and self.samples:
             n = len(self.samples)
@@ -281,6 +286,15 @@ PROBE_ROWS = 4
 # per-request best fixed length: ~1.12x); on streams where drafting never pays
 # 0.979-0.989x against 0.987-0.996x (tests/unit/test_cost_model.py).
 IDLE_FADE = 0.95
+# A draft-cost sample this many times off the line's prediction (DraftLengthPolicy
+# .observe_draft). Once drafting is off, only probes add samples (a handful in a
+# thousand steps), so one slow pass stays in the window: simulated at batch 1
+# with Qwen2.5-Coder-1.5B's int4 costs (verify 95 ms, draft 40 ms, 95% accepted),
+# a first pass of 200 ms kept drafting off for 1000 steps (6 samples, draft read
+# as 67 ms); a Spec-Bench run of 2026-12-02 self-drafted in under 1% of its steps,
+# its draft read as 59.7 ms against 32-43 ms a pass in draft_pass_breakdown.py
+# the same hour (tests/unit/test_cost_model.py).
+DRAFT_OUTLIER = 3.0
 
 
 class DraftPlan(NamedTuple):
@@ -356,6 +370,19 @@ class DraftLengthPolicy:
         line.add(num_tokens, seconds, drafting)
 
     def observe_draft(self, num_rows: int, seconds_per_forward: float) -> None:
+        """A draft forward for `num_rows` rows took `seconds_per_forward`. Against
+        the line at a size it was measured around (not extrapolated to), a pass
+        DRAFT_OUTLIER times slower than predicted is a spike (once the line has
+        two samples) and is left out; one that many times faster means the
+        window's samples were (a slow first pass) or the draft got that much
+        cheaper: the window starts again from it."""
+        sizes = [size for size, _ in self.draft_cost.samples]
+        if sizes and min(sizes) <= num_rows <= max(sizes):
+            predicted = self.draft_cost.predict(num_rows)
+            if len(self.draft_cost) >= 2 and seconds_per_forward > DRAFT_OUTLIER * predicted:
+                return
+            if seconds_per_forward * DRAFT_OUTLIER < predicted:
+                self.draft_cost.clear()
         self.draft_cost.add(num_rows, seconds_per_forward)
 
     def observe_acceptance(self, num_drafted: int, num_accepted: int, lookup: bool = False) -> None:
