@@ -1,6 +1,7 @@
 """At temperature 1 the output distribution stays the target's with a pruned draft
 vocabulary (q is zero outside it; on a tiny random Llama, the vocabulary leaving
-out about a third of what it samples) and with drafts copied from the context
+out about a third of what it samples; also read through draft weights' 4-bit
+copy of its rows) and with drafts copied from the context
 (q one-hot; on SmolLM2 copying a list, since a random model never repeats its
 context): the same two-sample test as test_sampling.py."""
 
@@ -89,33 +90,43 @@ def vocab_file(tiny_llama, plain, tmp_path_factory):
 
 CONFIGS = {
     "draft_vocab": {},
+    # With draft weights the pruned head's rows are read at 4 bits (8 where the
+    # int4 kernel's tiles do not fit the subset), best columns rescored: q is
+    # that softmax over the subset. Two requests at a time, so every pass is
+    # small enough to read the copies (int8's limit is 2 tokens).
+    "draft_vocab-int4-draft-weights": {"draft_weights": "int4"},
     "lookup": {"prompt_lookup_max": 2, "prompt_lookup_min": 1},
 }
 
 
 @pytest.mark.parametrize("source", list(CONFIGS))
 def test_sampling_distribution_matches_plain(tiny_llama, smollm2_path, plain, vocab_file, source):
-    prompt, by_temperature = plain[source]
+    pruned = source.startswith("draft_vocab")
+    prompt, by_temperature = plain["draft_vocab" if pruned else source]
     plain_samples = by_temperature[1.0]
-    num_samples = NUM_SAMPLES[source]
+    num_samples = NUM_SAMPLES["draft_vocab" if pruned else source]
     path, size, outside = vocab_file
     config = {"method": "layer_skip", "skip_attn": [1], "skip_mlp": [2], "num_speculative_tokens": 3,
               "adaptive_draft_length": False, **CONFIGS[source]}
     model = tiny_llama
-    if source == "draft_vocab":
+    if pruned:
         config.update(draft_vocab=path, draft_vocab_size=size)
     else:
         model = smollm2_path
         config.update(skip_attn=[10, 20], skip_mlp=[15], draft_vocab_size=0)
-    llm = make_llm(model, speculative_config=config, **ENGINE)
+    engine = {**ENGINE, "max_num_seqs": 2} if "draft_weights" in config else ENGINE
+    llm = make_llm(model, speculative_config=config, **engine)
     try:
         samples = sample_ids(llm, prompt, num_samples)
         counters = spec_decode_counters(llm)
         status = proposer_stats(llm)
+        head_copy = llm.collective_rpc(_draft_head_copy)[0]
     finally:
         shutdown(llm)
     verified = status["verified"]
-    if source == "draft_vocab":
+    # The head's rows: a quantized copy with draft weights, the model's without.
+    assert head_copy in (("int4", "int8") if "draft_weights" in config else (None,)), head_copy
+    if pruned:
         assert outside > 0.1, outside  # the pruned vocabulary leaves real mass out
         assert verified["self"]["draft_tokens"] > num_samples
     else:
@@ -152,6 +163,13 @@ def test_pruned_draft_head_is_on(tiny_llama, vocab_file):
     finally:
         shutdown(llm)
     assert len(ids) == size and len(set(ids)) == size
+
+
+def _draft_head_copy(worker):
+    """The scheme of the pruned head's quantized copy; None: its model rows alone."""
+    head_slice = worker.model_runner.drafter.engine.head._slice
+    copy = None if head_slice is None else head_slice.quantized
+    return None if copy is None else copy.scheme
 
 
 def _draft_head_ids(worker):
