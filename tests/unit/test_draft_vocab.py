@@ -114,11 +114,12 @@ class _Model(nn.Module):
         return self.lm_head(hidden)
 
 
-def _stack(model: _Model, draft_scheme: str | None = None):
+def _stack(model: _Model, draft_weights: str | None = None):
     """What DraftHead reads of the decoder stack: the model, its full logits and
-    how its draft copies are quantized (None: no draft weights)."""
+    whether it has draft weights (`draft`: the layers' copies, None without)."""
+    draft = None if draft_weights is None else [draft_weights]
     return type("Stack", (), {"model": model, "logits": lambda self, h: model.compute_logits(h),
-                              "draft_scheme": draft_scheme})()
+                              "draft": draft})()
 
 
 def test_sliced_head_scores_exactly_the_chosen_rows():

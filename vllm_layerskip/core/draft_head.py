@@ -17,8 +17,8 @@ so the output stays the target's:
 With draft weights (core/draft_weights.py) the slice's rows are also kept at
 4 bits, which passes of up to 4 tokens read, and the best columns of those
 logits are scored again with the model's rows: the 65,536-id slice of
-Qwen2.5-Coder-1.5B is 57 MB instead of 201 MB, 1.8 ms a token instead of 5.1
-(caches cold), and its bf16 read was 5.1 ms of a 41 ms int4 draft pass
+Qwen2.5-Coder-1.5B is 57 MB instead of 201 MB and 1.8 ms a token instead of
+5.1 (caches cold), of int4 draft passes of 32-43 ms
 (benchmarks/draft_pass_breakdown.py, 2026-12-02).
 
 Under tensor parallelism each rank holds a contiguous shard of the head's rows
@@ -53,7 +53,8 @@ class DraftHead:
         self._ids_on_device: dict[torch.device, torch.Tensor] = {}
         self._slice: _HeadSlice | None = None
         if self.token_ids is not None:
-            self._slice = _HeadSlice(stack.model, self.token_ids, stack.draft_scheme)
+            self._slice = _HeadSlice(stack.model, self.token_ids,
+                                     quantized_rows=stack.draft is not None)
 
     @property
     def pruned(self) -> bool:
@@ -103,7 +104,7 @@ class _HeadSlice(nn.Module):
     """Rows `token_ids` of the model's LM head, as their own linear layer."""
 
     def __init__(self, model: nn.Module, token_ids: torch.Tensor,
-                 draft_scheme: str | None = None):
+                 quantized_rows: bool = False):
         super().__init__()
         lm_head = model.lm_head
         processor = model.logits_processor
@@ -128,18 +129,19 @@ class _HeadSlice(nn.Module):
             width, order = _tensor_parallel_order(ids, lm_head, self.tp_size)
             self._gather_order = (width, order.to(weight.device))
         _use_fast_cpu_gemm(self)
-        # With draft weights, the rows again at 4 bits for the passes small
-        # enough to gain from torch's int4 kernel (MAX_TOKENS), as the layers'
-        # copies are; None: the model's rows alone. The int4 logits' RESCORED
-        # best columns are scored again with the model's rows, so the draft's
-        # choice is the model rows' whenever it is among them: on
+        # With draft weights (quantized_rows), the rows again at 4 bits, whatever
+        # the layers' scheme, for passes small enough to gain from torch's int4
+        # kernel (MAX_TOKENS); None: the model's rows alone. The int4 logits'
+        # RESCORED best columns are scored again with the model's rows, so the
+        # draft's choice is the model rows' whenever it is among them: on
         # Qwen2.5-Coder-1.5B (int4 layers, 65536 ids, K = 4, 24 held-out prompts,
         # bf16) int4 logits alone cut M from 4.89 to 4.69 (first drafted token
         # accepted 0.967 against 0.991); int8 rows kept 4.89 but took 3.8 ms a
-        # token against int4's 1.8 and the bf16 rows' 5.1 (caches cold).
+        # token against int4's 1.8 and the bf16 rows' 5.1 (caches cold;
+        # benchmarks/results/2026-12-02/head_precision_qwen_20261202.md).
         self.quantized = None
         self.max_quantized_tokens = None
-        if draft_scheme is not None:
+        if quantized_rows:
             self.quantized = QuantizedLinear(self, "int4")
             self.max_quantized_tokens = MAX_TOKENS[self.quantized.scheme]
 

@@ -59,13 +59,6 @@ class DecoderStack:
     def num_layers(self) -> int:
         return len(self.layers)
 
-    @property
-    def draft_scheme(self) -> str | None:
-        """How the draft copies are quantized ("int4", "int8", "w8a8"; None: no
-        copies): the scheme of the layers' largest linear, which a pruned draft
-        head's rows follow (core/draft_head.py)."""
-        return None if self.draft is None else self.draft[0].linears["gate_up_proj"].scheme
-
     @classmethod
     def from_model(cls, model: nn.Module) -> "DecoderStack":
         inner = getattr(model, "model", None)
