@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from vllm_layerskip.core.cost_model import (
-    PROBE_LENGTH, PROBE_ROWS, DraftLengthPolicy, LinearCost, PositionAcceptance, VerifyCost,
+    PROBE_LENGTH, PROBE_ROWS, DraftCost, DraftLengthPolicy, LinearCost, PositionAcceptance,
+    VerifyCost,
     expected_tokens,
 )
 
@@ -76,7 +77,7 @@ def simulate(policy, steps, verify, draft, rates, num_reqs=1, rng=None):
                 while accepted < k and rng.random() < rates[accepted]:
                     accepted += 1
                 policy.observe_acceptance(k, accepted)
-        policy.observe_verify(num_reqs + rows * k, verify(num_reqs + rows * k))
+        policy.observe_verify(num_reqs + rows * k, verify(num_reqs + rows * k), num_reqs=num_reqs)
     return chosen
 
 
@@ -104,7 +105,7 @@ def realized_throughput(steps, verify, draft, rates, num_reqs=1, fixed_k=None, n
         if policy:
             if k:
                 policy.observe_draft(rows, draft_seconds)
-            policy.observe_verify(num_reqs + rows * k, verify_seconds)
+            policy.observe_verify(num_reqs + rows * k, verify_seconds, num_reqs=num_reqs)
     return tokens / seconds
 
 
@@ -177,8 +178,8 @@ def test_drafting_resumes_when_acceptance_recovers():
 def test_idle_gaps_are_not_taken_for_step_cost():
     policy = DraftLengthPolicy(max_k=4)
     for _ in range(20):
-        policy.observe_verify(5, 0.05)
-    policy.observe_verify(5, 30.0)  # the engine sat idle between requests
+        policy.observe_verify(5, 0.05, num_reqs=1)
+    policy.observe_verify(5, 30.0, num_reqs=1)  # the engine sat idle between requests
     assert policy.verify_cost.predict(5) == pytest.approx(0.05)
 
 
@@ -190,11 +191,11 @@ def test_no_drafting_on_a_guess_while_prompts_are_prefilled():
     assert [policy.choose(58, prefilling=True).length for _ in range(10)] == [0] * 10
     # The first plain decode step is timed; drafting (warm-up) starts after it,
     # short and for a few of the requests.
-    policy.observe_verify(58, 0.2)
+    policy.observe_verify(58, 0.2, num_reqs=58)
     assert policy.choose(58, prefilling=False) == (PROBE_LENGTH, PROBE_ROWS)
     # Once something is measured, steps with prompt chunks are decided as others.
     policy.observe_draft(58, 0.1)
-    policy.observe_verify(58 * 5, 0.9)
+    policy.observe_verify(58 * 5, 0.9, num_reqs=58)
     assert policy.choose(58, prefilling=True) == policy.choose(58, prefilling=False)
 
 
@@ -212,7 +213,7 @@ def test_probes_draft_for_a_few_requests_of_a_large_batch():
             policy.observe_draft(plan.rows, 0.017 * plan.rows)
             for _ in range(plan.rows):
                 policy.observe_acceptance(plan.length, 0)
-        policy.observe_verify(58 + plan.rows * plan.length, 0.024 * (58 + plan.rows * plan.length))
+        policy.observe_verify(58 + plan.rows * plan.length, 0.024 * (58 + plan.rows * plan.length), num_reqs=58)
     drafting = [plan for plan in plans if plan.length]
     assert [plan.rows for plan in drafting[:4]] == [PROBE_ROWS, 2 * PROBE_ROWS] * 2
     assert len(drafting) >= 6 and all(plan.rows <= 2 * PROBE_ROWS for plan in drafting)
@@ -271,7 +272,7 @@ def test_a_cost_line_from_one_size_never_overstates_the_draft_to_step_ratio():
         plan = policy.choose(1)
         plans.append(plan)
         policy.observe_draft(1, 0.012)
-        policy.observe_verify(1 + plan.length, 0.020 + 0.0002 * (1 + plan.length))
+        policy.observe_verify(1 + plan.length, 0.020 + 0.0002 * (1 + plan.length), num_reqs=1)
     assert plans == [(PROBE_LENGTH, 1)] * policy.warmup_steps
     assert policy.verify_cost.single_size == 1 + PROBE_LENGTH
     assert policy.draft_can_pay(1)
@@ -448,11 +449,13 @@ def test_a_price_per_drafting_step_keeps_short_copies_off_where_they_do_not_pay(
     # the same steps, still drafts one.
     def policy_after(price, tell_drafting):
         policy = DraftLengthPolicy(4, probe_interval=4)
-        policy.verify_cost = policy.verify_line(8)
         for extra in (0, 1, 2, 4, 7):
             for _ in range(4):
-                policy.observe_verify(8 + extra, 0.38 + 0.02 * extra + price * (extra > 0),
-                                      num_reqs=8 if tell_drafting else None)
+                seconds = 0.38 + 0.02 * extra + price * (extra > 0)
+                if tell_drafting:
+                    policy.observe_verify(8 + extra, seconds, num_reqs=8)
+                else:  # a line by tokens alone
+                    policy.verify_line(8).add(8 + extra, seconds)
         rng = np.random.default_rng(0)
         for _ in range(400):
             accepted = 0
@@ -497,15 +500,15 @@ def _drafting_share_after_a_hard_request(seed: int) -> float:
 
 
 def test_drafting_turned_off_by_a_hard_request_turns_on_again_for_an_easy_one(monkeypatch):
-    from vllm_layerskip.core import cost_model
+    from vllm_layerskip.core.cost_model import policy as cost_model
 
     shares = [_drafting_share_after_a_hard_request(seed) for seed in range(6)]
     assert min(shares) > 0.6, shares
     # Without the fading, a probe weighs 1 against ~50 old observations, and
-    # the easy request mostly decodes plainly (2% of its steps in 4 of 6 seeds).
+    # the easy request mostly decodes plainly (3% of its steps in 4 of 6 seeds).
     monkeypatch.setattr(cost_model, "IDLE_FADE", 1.0)
     stale = [_drafting_share_after_a_hard_request(seed) for seed in range(6)]
-    assert np.mean(stale) < 0.3, stale
+    assert sum(share < 0.1 for share in stale) >= 3, stale
 
 
 def _int4_batch1_run(first_pass: float, spike_at: int | None = None, steps: int = 1000):
@@ -528,7 +531,7 @@ def _int4_batch1_run(first_pass: float, spike_at: int | None = None, steps: int 
                 while accepted < k and rng.random() < 0.95:
                     accepted += 1
                 policy.observe_acceptance(k, accepted)
-        policy.observe_verify(1 + rows * k, 0.092 + 0.0026 * (1 + rows * k))
+        policy.observe_verify(1 + rows * k, 0.092 + 0.0026 * (1 + rows * k), num_reqs=1)
     return float(np.mean([k > 0 for k in chosen[300:]])), policy
 
 
@@ -550,3 +553,114 @@ def test_a_draft_pass_spike_is_left_out_of_the_cost():
     policy.observe_draft(1, 0.010)
     policy.observe_draft(1, 0.050)
     assert policy.draft_cost.predict(1) == pytest.approx(0.030)
+
+
+# ---- robust to noise: no single timing decides a run -------------------------
+
+def test_draft_cost_is_the_median_of_its_size_bucket():
+    cost = DraftCost(window=8)
+    for seconds in (0.040, 0.041, 0.400, 0.039, 0.040):  # one pass 10x slow
+        cost.add(1, seconds)
+    assert cost.predict(1) == pytest.approx(0.040)
+    assert cost.predict(3) == pytest.approx(0.120)  # one size known: proportional
+    for seconds in (0.070, 0.071, 0.069):
+        cost.add(4, seconds)
+    assert cost.count_at(3) == 3 and cost.count_at(1) == 5
+    # Between and beyond the buckets: the line through their medians.
+    assert cost.predict(2) == pytest.approx(0.040 + 0.030 / 3)
+    assert cost.predict(8) == pytest.approx(0.040 + 0.030 * 7 / 3)
+    # Slow passes move the median only once they are half of the bucket's samples.
+    for _ in range(2):
+        cost.add(1, 0.2)
+    assert cost.predict(1) == pytest.approx(0.041)
+    cost.add(1, 0.2)
+    assert cost.predict(1) > 0.1
+
+
+def test_a_verify_step_far_off_its_line_moves_it_by_a_bounded_amount():
+    line = VerifyCost()
+    for _ in range(20):
+        line.add(1, 0.100)
+    line.add(1, 1.0)  # a step that waited on something else: clipped to 1.5x
+    assert line.predict(1) == pytest.approx(0.100 + 0.050 / 21)
+    for _ in range(20):  # a real change of cost: every sample pulls by up to 1.5x
+        line.add(1, 0.200)
+    assert 0.13 < line.predict(1) < 0.16
+    for _ in range(128):  # and once it fills the window, it is the cost
+        line.add(1, 0.200)
+    assert line.predict(1) == pytest.approx(0.200)
+
+
+def _noisy_int4_run(seed: int, slow_first: int = 4, steps: int = 800) -> float:
+    """Batch 1 with Qwen2.5-Coder-1.5B's int4 costs (verify 92 ms + 2.6 ms a
+    token, a draft pass 42 ms, 85% accepted: drafting pays ~1.5x), 10%
+    log-normal noise on every timing, the first `slow_first` draft passes 2.5x
+    slow (first calls) and 5% of the others 1.8-2.8x (another process): the
+    share of steps that self-draft after the first 100."""
+    rng = np.random.default_rng(seed)
+    policy = DraftLengthPolicy(max_k=8)
+    chosen, passes = [], 0
+    for _ in range(steps):
+        k, rows = policy.choose(1)
+        chosen.append(k)
+        if k:
+            slow = 2.5 if passes < slow_first else rng.uniform(1.8, 2.8) \
+                if rng.random() < 0.05 else 1.0
+            passes += 1
+            policy.observe_draft(rows, 0.042 * slow * float(np.exp(rng.normal(0, 0.1))))
+            accepted = 0
+            while accepted < k and rng.random() < 0.85:
+                accepted += 1
+            policy.observe_acceptance(k, accepted)
+        verify = (0.092 + 0.0026 * (1 + rows * k)) * float(np.exp(rng.normal(0, 0.1)))
+        policy.observe_verify(1 + rows * k, verify, num_reqs=1)
+    return float(np.mean([k > 0 for k in chosen[100:]]))
+
+
+def test_slow_first_passes_and_spikes_do_not_keep_drafting_off():
+    # One command read 1.17x and 1.52x, self-drafting in 1% and 79% of steps.
+    # With a mean over the window and probes spacing out from the first one,
+    # these runs drafted in none of their steps in 11 of 12 seeds (0.78 in the
+    # other); with a median, passes 2x faster dropping slower ones and four
+    # probes before spacing out, all 12 draft in over 90%.
+    shares = [_noisy_int4_run(seed) for seed in range(12)]
+    assert min(shares) > 0.9, shares
+    assert max(shares) - min(shares) < 0.1, shares
+    assert min(_noisy_int4_run(seed, slow_first=0) for seed in range(4)) > 0.9
+
+
+def test_probes_do_not_space_out_before_the_draft_cost_is_known():
+    # A draft forward 1.2 plain steps: off. Until MIN_DRAFT_SAMPLES passes are
+    # measured at this size, probes come every probe_interval steps; only then
+    # does the interval double.
+    from vllm_layerskip.core.cost_model import MIN_DRAFT_SAMPLES
+
+    policy = DraftLengthPolicy(max_k=4, probe_interval=4, warmup_steps=1)
+    chosen = simulate(policy, 200, lambda n: 0.1 * n ** 0.1, draft=lambda b: 0.12,
+                      rates=[0.9] * 4)
+    probe_steps = [i for i, k in enumerate(chosen) if k]
+    gaps = np.diff(probe_steps).tolist()
+    assert gaps[:MIN_DRAFT_SAMPLES - 1] == [4] * (MIN_DRAFT_SAMPLES - 1), gaps
+    assert gaps[MIN_DRAFT_SAMPLES] == 8 and max(gaps) >= 32, gaps
+
+
+def test_a_cheap_well_accepted_self_draft_wins_over_a_short_copy():
+    # int4 self-drafts (0.2 of a step, 95% accepted) against copies accepted at
+    # 60%: every request self-drafts, the copies wait; with self-drafts as
+    # costly as a step the copies are taken.
+    cheap = _lookup_policy(lookup_rate=0.6, self_rate=0.95, draft_cost=0.04, k=8)
+    for _ in range(cheap.warmup_steps):
+        cheap.choose(1)
+    lookup, plan = cheap.choose_with_lookup(1, False, num_lookup=1)
+    assert lookup == 0 and plan.length >= 6 and plan.rows == 1, (lookup, plan)
+    assert cheap.summary()["copies_passed_over"] == 1
+    costly = _lookup_policy(lookup_rate=0.6, self_rate=0.95, draft_cost=0.2, k=8)
+    for _ in range(costly.warmup_steps):
+        costly.choose(1)
+    lookup, plan = costly.choose_with_lookup(1, False, num_lookup=1)
+    assert lookup > 0 and plan.length == 0, (lookup, plan)
+    # Copies accepted throughout (a restated prompt) still beat the self-draft.
+    copying = _lookup_policy(lookup_rate=0.99, self_rate=0.95, draft_cost=0.04, k=8)
+    for _ in range(copying.warmup_steps):
+        copying.choose(1)
+    assert copying.choose_with_lookup(1, False, num_lookup=1)[0] == 8

@@ -1,0 +1,19 @@
+"""The cost model: what drafting costs and gains, measured while serving
+(estimators.py), and each step's draft source and length from it (policy.py)."""
+
+from vllm_layerskip.core.cost_model.estimators import (  # noqa: F401
+    DraftCost,
+    LinearCost,
+    PositionAcceptance,
+    VerifyCost,
+    argmax_length,
+    expected_tokens,
+)
+from vllm_layerskip.core.cost_model.policy import (  # noqa: F401
+    IDLE_FADE,
+    MIN_DRAFT_SAMPLES,
+    PROBE_LENGTH,
+    PROBE_ROWS,
+    DraftLengthPolicy,
+    DraftPlan,
+)
