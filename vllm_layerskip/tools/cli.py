@@ -6,6 +6,7 @@ what some methods load.
     vllm-layerskip search --out P    # Self-SD: Bayesian search of a skip profile
     vllm-layerskip train-heads --prompts F --layers 8,15,22 --out H   # AdaDecode exit heads
     vllm-layerskip draft-vocab --size 32768 --out F   # rank the vocabulary for a pruned draft head
+    vllm-layerskip recommend --model M [--dtype D] [--max-concurrency N]   # the config to use
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--model", help=f"a known model ({', '.join(CATALOG)}; default "
                                       f"{demo_tool.DEFAULT_DEMO_MODEL}) or a model path")
     demo.add_argument("--speculative-config", default=None,
-                      help=f"JSON, as for vllm serve (default: bf16 {json.dumps(demo_tool.BF16_SPEC)}, "
-                           f"float32 {json.dumps(demo_tool.FLOAT32_SPEC)})")
+                      help="JSON, as for vllm serve (default: what `vllm-layerskip "
+                           "recommend` prints for the model and dtype)")
     demo.add_argument("--dtype", help="default: bfloat16 for qwen2.5-coder-1.5b, float32 for smollm2-135m")
     demo.add_argument("--num-prompts", type=int, default=6)
     demo.add_argument("--max-tokens", type=int, default=None)
@@ -54,7 +55,16 @@ def main(argv: list[str] | None = None) -> int:
     vocab = sub.add_parser("draft-vocab", help="rank the vocabulary by the model's own answers; "
                                                "writes a file for 'draft_vocab'")
     draft_vocab.add_arguments(vocab)
+    from vllm_layerskip.tools import recommend as recommend_tool
+
+    recommend = sub.add_parser(
+        "recommend", help="print the speculative config recommended for a model on this machine",
+        description=recommend_tool.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    recommend_tool.add_arguments(recommend)
     args = parser.parse_args(argv)
+
+    if args.command == "recommend":
+        return recommend_tool.run_recommend(args)
 
     if args.command in ("train-heads", "search", "draft-vocab"):
         from vllm_layerskip.tools.prepare_model import ensure_default_model

@@ -23,11 +23,9 @@ import time
 
 from vllm_layerskip.tools.cpu_threads import bind_every_core
 
-# bf16: the whole model as its own draft, at a quarter of the weight bytes
-# (docs/draft-weights.md; torch's int4 kernels are slow for float32 inputs).
-# float32: the shipped self_sd profile, the model's own weights.
-BF16_SPEC = {"method": "layer_skip", "num_speculative_tokens": 8, "draft_weights": "int4"}
-FLOAT32_SPEC = {"method": "self_sd", "profile": "shipped", "num_speculative_tokens": 8}
+# The demo's configuration is the one `vllm-layerskip recommend` prints for the
+# model and dtype (tools/recommend.py): bf16 on a CPU with bf16 arithmetic, the
+# whole model as its own draft on int4 weights; float32, the shipped self_sd profile.
 SETTINGS = {  # by catalog name: dtype, prompts timed, new tokens
     "qwen2.5-coder-1.5b": ("bfloat16", ["coding", "code_edit", "summarization", "rag"], 128),
     "smollm2-135m": ("float32", ["coding", "code_edit", "summarization", "rag", "writing", "math"], 96),
@@ -35,8 +33,12 @@ SETTINGS = {  # by catalog name: dtype, prompts timed, new tokens
 DEFAULT_DEMO_MODEL = "qwen2.5-coder-1.5b"
 
 
-def default_spec(dtype: str) -> dict:
-    return dict(FLOAT32_SPEC if dtype == "float32" else BF16_SPEC)
+def default_spec(model: str | None, dtype: str) -> tuple[dict, str]:
+    """(speculative config, dtype) the demo runs: recommend()'s for the model."""
+    from vllm_layerskip.tools.recommend import recommend
+
+    result = recommend(model, dtype)
+    return result.spec, result.dtype
 
 
 def run_demo(args) -> int:
@@ -53,7 +55,10 @@ def run_demo(args) -> int:
     model = ensure_model(name) if name in CATALOG else name
     dtype = args.dtype or dtype
     max_tokens = args.max_tokens or max_tokens
-    spec = json.loads(args.speculative_config) if args.speculative_config else default_spec(dtype)
+    if args.speculative_config:
+        spec = json.loads(args.speculative_config)
+    else:
+        spec, dtype = default_spec(model, dtype)
     # The first prompt of each category is timed; another one, outside the
     # timed set (so not in the prefix cache), warms both engines up.
     questions = owned_prompts()
