@@ -92,10 +92,10 @@ CONFIGS = {
     # than 4 tokens), the batch's tail and the single prompt through the copies.
     "K4-int4-draft-weights": {"num_speculative_tokens": 4, "skip_ratio": 0.1,
                               "draft_weights": "int4", **FIXED},
-    # Int8 weights and per-token int8 activations: every pass through the
-    # copies, the batch of 8 included.
-    "K4-w8a8-draft-weights": {"num_speculative_tokens": 4, "skip_ratio": 0.1,
-                              "draft_weights": "w8a8", **FIXED},
+    # Method quantized: every layer, through int8 weights and per-token int8
+    # activations: every pass through the copies, the batch of 8 included.
+    "quantized-K4-w8a8": {"method": "quantized", "num_speculative_tokens": 4,
+                          "draft_weights": "w8a8", **FIXED},
     # SWIFT with its optimizer busy the whole run: a short context window, a
     # Bayesian suggestion every 3rd candidate, no early stop (a target matchness
     # of 1.0 is never exceeded: at 0.95 a CI run reached it after 24 candidates
@@ -166,7 +166,7 @@ def test_layer_skip_greedy_parity(smollm2_path, plain, name):
         assert counters.draft_tokens < 0.8 * k * counters.drafts, counters
     if name == "K1-whole-layers":
         assert counters.draft_tokens == counters.drafts
-        # Paused (benchmarks/bench_paused.py's baseline): plain decoding's tokens,
+        # Paused (bench_interleaved.py's baseline): plain decoding's tokens,
         # no draft at all and nothing learned; resumed, it drafts again.
         assert paused["status"]["drafting_paused"] is True
         assert paused["batch"] == plain["batch"][:7]
@@ -187,9 +187,9 @@ def test_layer_skip_greedy_parity(smollm2_path, plain, name):
             assert swift["bayes_suggestions"] >= 5, swift
     if name.startswith("self_sd"):
         assert status["self_sd"]["threshold_updates"] > 20, status["self_sd"]
-    if name in ("K4-int4-draft-weights", "K4-w8a8-draft-weights"):
-        scheme = name.split("-")[1]
-        assert status["draft_weights"]["scheme"] == scheme, status["draft_weights"]
+    schemes = {"K4-int4-draft-weights": "int4", "quantized-K4-w8a8": "w8a8"}
+    if name in schemes:
+        assert status["draft_weights"]["scheme"] == schemes[name], status["draft_weights"]
         # A coarse copy of the model, most of whose drafts are still accepted.
         assert counters.acceptance_rate >= 0.5, counters
     else:

@@ -23,8 +23,8 @@ def _install_kv_check(worker):
     """Wrap the drafter's scoring pass: compare every KV cache tensor before
     and after the first KV_CHECKS calls."""
     drafter = worker.model_runner.drafter
-    engine = drafter.engine
-    original = engine.score
+    scorer = drafter.scorer
+    original = scorer.score
     drafter.kv_check_results = []
 
     def checked(runner, windows, mask):
@@ -36,7 +36,7 @@ def _install_kv_check(worker):
         drafter.kv_check_results.append((same, windows.num_tokens))
         return out
 
-    engine.score = checked
+    scorer.score = checked
 
 
 def _kv_check_results(worker):
@@ -152,7 +152,7 @@ def test_optimizer_thread_failure_keeps_serving(smollm2_path, questions, monkeyp
 
 def test_shipped_state_drafts_with_the_learned_set(smollm2_path, questions):
     """"state_file": "shipped" on SmolLM2: SWIFT starts accelerating with the
-    set learned offline (benchmarks/learn_swift_set.py, 2026-12-02) and drafts
+    set learned offline (vllm-layerskip learn-swift-set, 2026-12-02) and drafts
     with it from the first step, without scoring a candidate first."""
     config = {"method": "swift", "num_speculative_tokens": 4, "adaptive_draft_length": False,
               "prompt_lookup_max": 0, "state_file": "shipped"}

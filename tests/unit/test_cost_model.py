@@ -223,22 +223,21 @@ def test_probes_draft_for_a_few_requests_of_a_large_batch():
 
 def test_probe_rows_rotate_over_the_batch():
     # Which requests a probe drafts for moves on from probe to probe, so the
-    # acceptance estimate is not one request's; the others keep budget 0.
-    from vllm_layerskip.core.draft_engine import DraftRequests
-    from vllm_layerskip.core.proposer import LayerSkipProposerBase
+    # acceptance estimate is not one request's; the others get no self-draft.
+    from vllm_layerskip.core.step_plan import plan_step, probe_rows
 
-    proposer = object.__new__(LayerSkipProposerBase)  # no engine: only the row choice
-    proposer._probe_offset = 0
-    probed = []
+    offset, probed = 0, []
     for num_rows in (4, 8, 4):
-        n = 10
-        requests = DraftRequests(np.arange(n), np.zeros(n, dtype=np.int64),
-                                 np.zeros(n, dtype=np.int64), np.full(n, 2),
-                                 np.zeros(n, dtype=np.float32))
-        proposer._limit_to_probe_rows(requests, num_rows)
-        assert set(requests.budget.tolist()) == {0, 2}
-        probed.append(np.flatnonzero(requests.budget).tolist())
+        keep, offset = probe_rows(offset, np.ones(10, dtype=bool), num_rows)
+        probed.append(np.flatnonzero(keep).tolist())
     assert probed == [[0, 1, 2, 3], [0, 1, 4, 5, 6, 7, 8, 9], [2, 3, 4, 5]]
+    # Only eligible requests (those without a copy taken) are probed.
+    eligible = np.array([True, False, True, True])
+    keep, offset = probe_rows(1, eligible, 2)
+    assert np.flatnonzero(keep).tolist() == [2, 3] and offset == 0
+    none = [np.zeros(0, dtype=np.int64)] * 4
+    plan = plan_step(none, np.full(4, 3), 0, 2, keep, 0)
+    assert plan.self_budget.tolist() == [0, 0, 2, 2] and plan.prefix is None
 
 
 def test_a_draft_as_slow_as_a_plain_step_is_probed_with_one_token():

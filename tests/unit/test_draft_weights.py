@@ -251,11 +251,9 @@ def test_draft_weights_off_the_cpu_is_refused_before_the_engine_starts(monkeypat
 
 
 def test_asked_for_draft_weights_without_copies_is_an_error_at_load():
-    from vllm_layerskip.core.proposer import LayerSkipProposerBase
+    from vllm_layerskip.core.load_checks import check_draft_weights
 
-    proposer = SimpleNamespace(options=LayerSkipOptions(draft_weights="int4"), method="layer_skip",
-                               engine=SimpleNamespace(stack=SimpleNamespace(draft=None)))
-    proposer._draft_weights_status = lambda: LayerSkipProposerBase._draft_weights_status(proposer)
+    engine = SimpleNamespace(stack=SimpleNamespace(draft=None))
     with pytest.raises(LayerSkipConfigError, match="was asked for but the model's linear layers "
                                                    "were loaded without a draft copy"):
-        LayerSkipProposerBase._check_draft_weights(proposer)
+        check_draft_weights("layer_skip", "int4", engine)

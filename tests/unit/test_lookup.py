@@ -44,16 +44,16 @@ def test_per_request_rows_lengths_and_budgets():
 
 
 def test_which_copies_run_out_before_the_room():
-    from vllm_layerskip.core.proposer import _copy_plan
+    from vllm_layerskip.core.step_plan import copy_plan
 
     # Room 4, lookup length 3: a 2-token copy runs out (a self-draft may go on
     # after it); no copy, or a copy cut to a room of 2, does not.
     copied = [t(1, 2), t(), t(1, 2, 3, 4), t(5, 6, 7)]
-    budget, runs_out = _copy_plan(copied, np.array([4, 4, 2, 4]), 3)
+    budget, runs_out = copy_plan(copied, np.array([4, 4, 2, 4]), 3)
     assert budget.tolist() == [3, 3, 2, 3]
     assert runs_out.tolist() == [True, False, False, False]
     # Lookup off this step: nothing is copied, so nothing runs out.
-    assert not _copy_plan(copied, np.array([4, 4, 2, 4]), 0)[1].any()
+    assert not copy_plan(copied, np.array([4, 4, 2, 4]), 0)[1].any()
 
 
 def test_a_copied_draft_is_one_hot_over_whatever_the_row_held():
@@ -77,14 +77,14 @@ def test_an_early_exit_draft_refuses_to_continue_a_copy():
     import pytest
     import torch
 
-    from vllm_layerskip.core.draft_engine import DraftEngine, DraftRequests, EarlyExit
-    from vllm_layerskip.core.skip_mask import SkipMask
+    from vllm_layerskip.core.draft_engine import DraftEngine, DraftRequests
+    from vllm_layerskip.methods.adadecode.early_exit import EarlyExit, EarlyExitPath
 
     engine = DraftEngine(vllm_config=None, num_speculative_tokens=3)
     engine.stack = SimpleNamespace(num_layers=4)
     runner = SimpleNamespace(input_batch=SimpleNamespace(num_reqs=1))
     requests = DraftRequests(rows=t(0), last_token=t(5), last_position=t(3), budget=t(3),
                              temperature=np.zeros(1, dtype=np.float32), prefix=[t(7)])
-    early_exit = EarlyExit(layers=(2,), transforms=torch.zeros(1, 2, 2), threshold=0.5)
-    with pytest.raises(ValueError, match="early-exit drafts cannot continue a copied draft"):
-        engine.draft(runner, requests, SkipMask.whole_layers(4, ()), early_exit=early_exit)
+    path = EarlyExitPath(EarlyExit(layers=(2,), transforms=torch.zeros(1, 2, 2), threshold=0.5), 4)
+    with pytest.raises(ValueError, match="EarlyExitPath drafts cannot continue a copied draft"):
+        engine.draft(runner, requests, path=path)

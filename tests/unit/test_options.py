@@ -82,7 +82,7 @@ def test_unknown_methods_fail_clearly(method, hint):
         split_speculative_config({"method": method}, VLLM_KEYS)
     assert str(e.value) == (
         f"Unknown layer-skip method '{method}'{hint}. The methods of vllm-layerskip: "
-        "layer_skip, swift, clasp, self_sd, adadecode.")
+        "layer_skip, quantized, swift, clasp, self_sd, adadecode.")
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ AVX2_ONLY = {"avx2", "fma"}
 
 def test_bf16_on_a_cpu_with_bf16_arithmetic_drafts_every_layer_at_4_bits():
     r = recommend(None, "bfloat16", 1, flags=AVX512_BF16, gpu=False, has_profile=True)
-    assert r.spec == {"method": "layer_skip", "num_speculative_tokens": 8, "draft_weights": "int4"}
+    assert r.spec == {"method": "quantized", "num_speculative_tokens": 8, "draft_weights": "int4"}
     assert r.dtype == "bfloat16"
     # Many requests in flight: int4 serves passes of up to 4 tokens, w8a8 any.
     assert recommend(None, "bfloat16", 4, flags=AVX512_BF16, gpu=False,

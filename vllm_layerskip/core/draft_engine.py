@@ -15,9 +15,9 @@ through the kept sub-layers of the target itself:
 - a request whose draft copied m tokens from its context (prompt lookup) that
   ended before its budget continues it: the first pass feeds p .. p + m in one
   causal query and the steps go on from p + m + 1;
-- with an `EarlyExit` (method adadecode) there is no mask: each token runs the
-  layers up to the first confident exit head, and never deeper than the
-  shallowest exit earlier in its chain, whose deeper KV was not written.
+- a method whose draft is not a mask passes its own `DraftPath` (adadecode's
+  early exits, methods/adadecode/early_exit.py): the loop, the stopping rules
+  and the draft distribution stay the engine's.
 
 Greedy requests take the draft's argmax. Sampled requests (temperature > 0) draw
 from the draft distribution q = softmax(logits / T) and q is handed to vLLM's
@@ -53,30 +53,6 @@ class DraftRequests:
     # request's self-draft continues: they open its draft and count against its
     # budget (empty: the draft starts at p). None: no request continues one.
     prefix: list[np.ndarray] | None = None
-
-
-@dataclass
-class ScoreWindows:
-    """Recent verified tokens of some requests, to score a candidate mask on.
-
-    Window w covers positions starts[w] .. starts[w] + lengths[w] - 1 of request
-    row rows[w]; every one of them already holds the target's KV. The draft
-    predicts, at each position, the token at the next position (`targets`).
-    """
-
-    rows: np.ndarray  # [W] input-batch rows
-    starts: np.ndarray  # [W]
-    lengths: np.ndarray  # [W]
-    input_ids: np.ndarray  # [N] tokens at the window positions, window by window
-    targets: np.ndarray  # [N] the token that followed each of them
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.lengths.sum())
-
-    @property
-    def positions(self) -> np.ndarray:  # [N]
-        return query_positions(self.starts, self.lengths)
 
 
 def query_positions(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -118,15 +94,36 @@ class DraftResult:
         return sum(len(t) for t in self.token_ids)
 
 
-@dataclass
-class EarlyExit:
-    """Confidence-gated early exit (AdaDecode): a draft token leaves the model at
-    the first head whose top-1 probability exceeds `threshold`; with no
-    confident head the request's draft stops there."""
+class DraftPath:
+    """How one draft step runs the model for the requests still drafting. The
+    engine's default is a skip mask (MaskedPath); a method that drafts some
+    other way (early exits) implements `forward` in its own folder."""
 
-    layers: tuple[int, ...]  # [H] ascending: head h reads the stream after layers[h] layers
-    transforms: torch.Tensor  # [H, hidden, hidden] T(i), model dtype and device
-    threshold: float
+    # Whether a copied draft may open the chain: its tokens' K/V must be written
+    # in every layer a later draft token reads.
+    continues_copies = True
+
+    def start(self, num_requests: int) -> None:
+        """A new draft chain for `num_requests` requests (DraftRequests order)."""
+
+    def forward(self, engine: "DraftEngine", runner, active: np.ndarray, rows: np.ndarray,
+                input_ids: np.ndarray, positions: np.ndarray, step: int
+                ) -> tuple[torch.Tensor, np.ndarray | None]:
+        """[B, V] float32 logits over the draft head's columns for one token of
+        each active request (`active`: indices into DraftRequests), and the
+        layer each token exited at ([B], 0: no token, the request stops), or
+        None where every token ran the whole path."""
+        raise NotImplementedError
+
+
+class MaskedPath(DraftPath):
+    """The kept sub-layers of a skip mask, every token the same."""
+
+    def __init__(self, mask: SkipMask):
+        self.mask = mask
+
+    def forward(self, engine, runner, active, rows, input_ids, positions, step):
+        return engine.forward(runner, rows, input_ids, positions, self.mask, step), None
 
 
 class DraftEngine:
@@ -174,21 +171,18 @@ class DraftEngine:
         self,
         runner,
         requests: DraftRequests,
-        mask: SkipMask,
+        mask: SkipMask | None = None,
         confidence_threshold: float = 0.0,
-        early_exit: EarlyExit | None = None,  # set: `mask` is ignored
+        path: DraftPath | None = None,  # None: MaskedPath(mask)
     ) -> DraftResult:
         assert self.stack is not None, "load_model() has not been called"
+        path = MaskedPath(mask) if path is None else path
         num_reqs = runner.input_batch.num_reqs
         k = self.num_speculative_tokens
         drafts: list[list[int]] = [[] for _ in range(num_reqs)]
         top1s: list[list[float]] = [[] for _ in range(num_reqs)]
         exits: list[list[int]] = [[] for _ in range(num_reqs)]
-        # Early exit: the deepest layer each request's next draft token may reach.
-        # Token j reads the KV the earlier draft tokens wrote at p .. p + j - 1,
-        # and a token that exited at layer e wrote none for layers >= e, so later
-        # tokens never go deeper than the shallowest exit so far.
-        exit_cap = np.full(len(requests.rows), self.num_layers, dtype=np.int64)
+        path.start(len(requests.rows))
         sampled_rows = requests.temperature > 0
         probs = None
         # Only when a sampled request may draft: with the cost model's k = 0 this
@@ -200,9 +194,10 @@ class DraftEngine:
         # there, as for any copied draft) and the first pass feeds them all.
         copied = [np.zeros(0, dtype=np.int64)] * len(requests.rows)
         if requests.prefix is not None:
-            if early_exit is not None:
-                raise ValueError("early-exit drafts cannot continue a copied draft: a copied "
-                                 "token's KV would be missing above its exit layer")
+            if not path.continues_copies:
+                raise ValueError(f"{type(path).__name__} drafts cannot continue a copied "
+                                 "draft: a copied token's KV would be missing in layers it "
+                                 "does not run")
             copied = [np.asarray(c, dtype=np.int64) for c in requests.prefix]
             for idx, c in enumerate(copied):
                 if not len(c):
@@ -217,6 +212,7 @@ class DraftEngine:
         active = np.flatnonzero(requests.budget > num_copied)  # indices into `requests`
         tokens = requests.last_token.copy()
         steps = rows_run = 0
+        reports_exits = False  # the path says where tokens exited (early exit)
         for step in range(k):
             if active.size == 0:
                 break
@@ -225,20 +221,14 @@ class DraftEngine:
             if step == 0 and num_copied[active].any():
                 logits = self.forward_continuing(
                     runner, requests.rows[active], tokens[active],
-                    requests.last_position[active], [copied[i] for i in active], mask,
+                    requests.last_position[active], [copied[i] for i in active], path.mask,
                 )
                 exit_layer = None
                 rows_run += int(num_copied[active].sum())  # the copied tokens it also ran
-            elif early_exit is None:
-                logits = self.forward(
-                    runner, requests.rows[active], tokens[active], positions, mask, step
-                )
-                exit_layer = None
             else:
-                logits, exit_layer = self.forward_early_exit(
-                    runner, requests.rows[active], tokens[active], positions,
-                    early_exit, exit_cap[active], step,
-                )
+                logits, exit_layer = path.forward(self, runner, active, requests.rows[active],
+                                                  tokens[active], positions, step)
+                reports_exits = reports_exits or exit_layer is not None
             columns, top1, q = self._choose(
                 logits, requests.temperature[active], requests.rows[active], runner
             )
@@ -249,10 +239,9 @@ class DraftEngine:
             for n, idx in enumerate(active):
                 row = int(requests.rows[idx])
                 if exit_layer is not None:
-                    if exit_layer[n] == 0:  # no confident head: the draft stops
+                    if exit_layer[n] == 0:  # the path made no token: the draft stops
                         continue
                     exits[row].append(int(exit_layer[n]))
-                    exit_cap[idx] = exit_layer[n]
                 drafts[row].append(int(new_tokens[n]))
                 top1s[row].append(float(top1[n]))
                 if q is not None and sampled_rows[idx]:
@@ -265,34 +254,7 @@ class DraftEngine:
                 if not done:
                     keep.append(idx)
             active = np.array(keep, dtype=np.int64)
-        return DraftResult(drafts, probs, steps, top1s, exits if early_exit else [], rows_run)
-
-    @torch.inference_mode()
-    def score(self, runner, windows: ScoreWindows, mask: SkipMask) -> np.ndarray:
-        """Which window tokens the masked draft predicts exactly ([N] bool).
-
-        One pass over all windows at once, causal within each window; attention
-        reads the target's own KV for the window positions and nothing is
-        written to the KV cache.
-        """
-        assert self.stack is not None, "load_model() has not been called"
-        device = runner.device
-        positions = windows.positions
-        attn_metadata, slot_mapping = self._attention_metadata(
-            runner, windows.rows, windows.lengths, positions, write_kv=False
-        )
-        ids_t = torch.from_numpy(windows.input_ids.astype(np.int64)).to(device)
-        pos_t = torch.from_numpy(positions).to(device)
-        with set_forward_context(
-            attn_metadata,
-            self.vllm_config,
-            num_tokens=windows.num_tokens,
-            slot_mapping=slot_mapping,
-        ):
-            hidden = self.stack.forward_masked(ids_t, pos_t, mask.run_attn, mask.run_mlp)
-            columns = self.head.logits(hidden).argmax(dim=-1)
-            predicted = self.head.to_token_ids(columns).cpu().numpy()
-        return predicted == windows.targets
+        return DraftResult(drafts, probs, steps, top1s, exits if reports_exits else [], rows_run)
 
     def forward(
         self,
@@ -311,7 +273,7 @@ class DraftEngine:
         re-scoring tokens whose KV the target already computed.
         """
         device = runner.device
-        attn_metadata, slot_mapping = self._decode_metadata(
+        attn_metadata, slot_mapping = self.decode_metadata(
             runner, rows, positions, draft_index, write_kv
         )
         ids_t = torch.from_numpy(input_ids).to(device=device, dtype=torch.int64)
@@ -323,6 +285,35 @@ class DraftEngine:
             slot_mapping=slot_mapping,
         ):
             hidden = self.stack.forward_masked(ids_t, pos_t, mask.run_attn, mask.run_mlp)
+            return self.head.logits(hidden)
+
+    def forward_queries(
+        self,
+        runner,
+        rows: np.ndarray,  # [B] input-batch rows
+        query_lens: np.ndarray,  # [B] tokens of each request's causal query
+        input_ids: np.ndarray,  # [sum(query_lens)] query by query
+        positions: np.ndarray,  # [sum(query_lens)]
+        mask: SkipMask,
+        write_kv: bool,
+        last_only: bool = False,
+    ) -> torch.Tensor:  # [sum(query_lens) or B, V] float32 logits
+        """One pass of multi-token causal queries through the kept layers (with
+        `write_kv` False it writes no KV: its attention reads the cache, e.g.
+        at positions the target already wrote). `last_only`: the logits at each
+        query's last token only."""
+        device = runner.device
+        attn_metadata, slot_mapping = self.attention_metadata(
+            runner, rows, query_lens, positions, write_kv=write_kv
+        )
+        ids_t = torch.from_numpy(input_ids.astype(np.int64)).to(device)
+        pos_t = torch.from_numpy(positions.astype(np.int64)).to(device)
+        with set_forward_context(
+            attn_metadata, self.vllm_config, num_tokens=len(positions), slot_mapping=slot_mapping
+        ):
+            hidden = self.stack.forward_masked(ids_t, pos_t, mask.run_attn, mask.run_mlp)
+            if last_only:
+                hidden = hidden[torch.from_numpy(np.cumsum(query_lens) - 1).to(device)]
             return self.head.logits(hidden)
 
     def forward_continuing(
@@ -339,83 +330,11 @@ class DraftEngine:
         one causal query, writing their K/V where a one-token draft step would
         have, and predicts from the last of them. Requests without copied tokens
         are one-token queries in the same pass."""
-        device = runner.device
         query_lens = np.array([1 + len(c) for c in copied], dtype=np.int64)
         positions = query_positions(last_positions, query_lens)
         input_ids = np.concatenate([np.concatenate([[t], c]) for t, c in zip(last_tokens, copied)])
-        attn_metadata, slot_mapping = self._attention_metadata(
-            runner, rows, query_lens, positions, write_kv=True
-        )
-        last = torch.from_numpy(np.cumsum(query_lens) - 1).to(device)
-        ids_t = torch.from_numpy(input_ids.astype(np.int64)).to(device)
-        pos_t = torch.from_numpy(positions.astype(np.int64)).to(device)
-        with set_forward_context(
-            attn_metadata, self.vllm_config, num_tokens=len(positions), slot_mapping=slot_mapping
-        ):
-            hidden = self.stack.forward_masked(ids_t, pos_t, mask.run_attn, mask.run_mlp)
-            return self.head.logits(hidden[last])
-
-    def forward_early_exit(
-        self,
-        runner,
-        rows: np.ndarray,  # [B] input-batch rows
-        input_ids: np.ndarray,  # [B]
-        positions: np.ndarray,  # [B]
-        early_exit: EarlyExit,
-        exit_cap: np.ndarray,  # [B] deepest exit layer allowed per row
-        draft_index: int = 0,
-    ) -> tuple[torch.Tensor, np.ndarray]:  # [B, vocab] float32 logits, [B] exit layer
-        """One decode-shaped pass that runs each row only up to its exit head.
-
-        Layers run segment by segment between heads, on the rows still going
-        deeper, and write their KV at `positions`. A row exits at the first head
-        (at or above no cap) whose top-1 probability exceeds the threshold; its
-        logits are that head's, E*(T h). Exit layer 0: no head was confident
-        (the row's logits are then meaningless).
-        """
-        assert self.stack is not None, "load_model() has not been called"
-        device = runner.device
-        num = len(rows)
-        exit_layer = np.zeros(num, dtype=np.int64)
-        logits_out: torch.Tensor | None = None
-        going = np.arange(num)  # rows still running, in the order of `hidden`
-        pos_all = torch.from_numpy(positions.astype(np.int64)).to(device)
-        hidden = self.stack.embed(torch.from_numpy(input_ids.astype(np.int64)).to(device))
-        residual = None
-        layers_run = 0
-        for head, layer in enumerate(early_exit.layers):
-            allowed = exit_cap[going] >= layer
-            if not allowed.all():  # rows capped above this head stop here
-                keep = torch.from_numpy(allowed).to(device)
-                going, hidden = going[allowed], hidden[keep]
-                residual = None if residual is None else residual[keep]
-            if going.size == 0:
-                break
-            attn_metadata, slot_mapping = self._decode_metadata(
-                runner, rows[going], positions[going], draft_index, True
-            )
-            with set_forward_context(
-                attn_metadata, self.vllm_config, num_tokens=len(going), slot_mapping=slot_mapping
-            ):
-                hidden, residual = self.stack.run_layers(
-                    hidden, residual, pos_all[going], layers_run, layer
-                )
-            layers_run = layer
-            logits = self.head.logits(self.stack.exit_stream(hidden + residual, early_exit.transforms[head]))
-            if logits_out is None:
-                logits_out = torch.zeros(num, logits.shape[-1], dtype=torch.float32, device=device)
-            confident = torch.softmax(logits, dim=-1).amax(dim=-1) > early_exit.threshold
-            confident_np = confident.cpu().numpy()
-            leaving = going[confident_np]
-            logits_out[torch.from_numpy(leaving).to(device)] = logits[confident]
-            exit_layer[leaving] = layer
-            going, hidden, residual = going[~confident_np], hidden[~confident], residual[~confident]
-            if going.size == 0:
-                break
-        if logits_out is None:  # every row capped below the first head
-            width = self.head.num_columns(runner.model_config.get_vocab_size())
-            logits_out = torch.zeros(num, width, dtype=torch.float32, device=device)
-        return logits_out, exit_layer
+        return self.forward_queries(runner, rows, query_lens, input_ids, positions, mask,
+                                    write_kv=True, last_only=True)
 
     # ---- one decoder layer at a time (layer-selection searches, e.g. CLaSp) ---
 
@@ -428,7 +347,7 @@ class DraftEngine:
         the same (rows, positions).
         """
         ones = np.ones(len(rows), dtype=np.int64)
-        return self._attention_metadata(runner, rows, ones, positions, write_kv=False)
+        return self.attention_metadata(runner, rows, ones, positions, write_kv=False)
 
     @torch.inference_mode()
     def run_layer(
@@ -482,13 +401,13 @@ class DraftEngine:
             states.append(self.run_layer(runner, i, rows, positions, states[-1], metadata))
         return torch.stack(states)
 
-    def _decode_metadata(self, runner, rows, positions, draft_index, write_kv):
+    def decode_metadata(self, runner, rows, positions, draft_index, write_kv):
         """Per-layer attention metadata and KV slots for one token per request."""
-        return self._attention_metadata(
+        return self.attention_metadata(
             runner, rows, np.ones(len(rows), dtype=np.int64), positions, write_kv, draft_index
         )
 
-    def _attention_metadata(self, runner, rows, query_lens, positions, write_kv, draft_index=None):
+    def attention_metadata(self, runner, rows, query_lens, positions, write_kv, draft_index=None):
         if isinstance(write_kv, bool):
             write_kv = (write_kv,) * self.num_layers
         return build_attention_metadata(runner, rows, query_lens, positions, write_kv, draft_index)

@@ -115,15 +115,8 @@ class DecoderStack:
         the custom ops an eager engine calls: core/draft_layer.py), so the
         draft equals the target up to kernel effects.
         """
-        hidden = self.embed(input_ids)
-        residual = None
-        for layer, attn_on, mlp_on in zip(self.draft_path(len(input_ids)), run_attn, run_mlp):
-            if attn_on:
-                hidden, residual = _norm(layer.input_layernorm, hidden, residual)
-                hidden = layer.self_attn(positions=positions, hidden_states=hidden)
-            if mlp_on:
-                hidden, residual = _norm(layer.post_attention_layernorm, hidden, residual)
-                hidden = layer.mlp(hidden)
+        hidden, residual = self.run_layers(self.embed(input_ids), None, positions,
+                                           run_attn=run_attn, run_mlp=run_mlp)
         if residual is None:
             return self.inner.norm(hidden)
         hidden, _ = self.inner.norm(hidden, residual)
@@ -137,16 +130,25 @@ class DecoderStack:
         hidden: torch.Tensor,  # [num_tokens, hidden]
         residual: torch.Tensor | None,  # [num_tokens, hidden], None before layer 0
         positions: torch.Tensor,  # [num_tokens]
-        start: int,
-        end: int,
+        start: int = 0,
+        end: int | None = None,
+        run_attn: tuple[bool, ...] | None = None,  # [num_layers], None: every one
+        run_mlp: tuple[bool, ...] | None = None,
+        layers: list | None = None,  # None: draft_path(num_tokens)
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Decoder layers start .. end - 1, in full, on vLLM's (hidden, residual)
-        pair; the residual stream after them is hidden + residual."""
-        for layer in self.draft_path(hidden.shape[0])[start:end]:
-            hidden, residual = _norm(layer.input_layernorm, hidden, residual)
-            hidden = layer.self_attn(positions=positions, hidden_states=hidden)
-            hidden, residual = layer.post_attention_layernorm(hidden, residual)
-            hidden = layer.mlp(hidden)
+        """Decoder layers start .. end - 1, their kept sub-layers only, on vLLM's
+        (hidden, residual) pair; the residual stream after them is hidden +
+        residual. The one layer loop of every draft pass."""
+        layers = self.draft_path(hidden.shape[0]) if layers is None else layers
+        end = len(layers) if end is None else end
+        for i in range(start, end):
+            layer = layers[i]
+            if run_attn is None or run_attn[i]:
+                hidden, residual = _norm(layer.input_layernorm, hidden, residual)
+                hidden = layer.self_attn(positions=positions, hidden_states=hidden)
+            if run_mlp is None or run_mlp[i]:
+                hidden, residual = _norm(layer.post_attention_layernorm, hidden, residual)
+                hidden = layer.mlp(hidden)
         return hidden, residual
 
     def exit_stream(

@@ -4,6 +4,7 @@ draft pass, and the entry point the model-runner patch calls."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -12,7 +13,6 @@ import time
 import numpy as np
 
 from vllm_layerskip.core.cost_model import DraftLengthPolicy
-from vllm_layerskip.core.cpu_dtype import bf16_without_arithmetic_warning, cpu_flags
 from vllm_layerskip.core.draft_engine import (
     DraftEngine,
     DraftRequests,
@@ -23,9 +23,16 @@ from vllm_layerskip.core.draft_engine import (
 from vllm_layerskip.core.errors import LayerSkipConfigError
 from vllm_layerskip.core.faults import maybe_fail
 from vllm_layerskip.core.identity import model_identity
+from vllm_layerskip.core.load_checks import (
+    check_draft_weights,
+    draft_weights_status,
+    warn_if_bf16_cannot_pay,
+)
 from vllm_layerskip.core.lookup import lookup_drafts
 from vllm_layerskip.core.rank_agreement import rank_agreement
 from vllm_layerskip.core.selection import get_selection
+from vllm_layerskip.core.proposer_stats import ProposerStats, RequestBookkeeping
+from vllm_layerskip.core.step_plan import StepPlan, copy_plan, plan_step, probe_rows
 from vllm_layerskip.core.versioned_file import write_json_atomic
 
 logger = logging.getLogger("vllm.layerskip")
@@ -85,50 +92,14 @@ class LayerSkipProposerBase:
 
     def load_model(self, target_model) -> None:
         identity = model_identity(self.vllm_config.model_config)
-        self._warn_if_bf16_cannot_pay()
+        warn_if_bf16_cannot_pay(self.method, self.vllm_config)
         self.engine.load_model(target_model, self.options.draft_token_ids(identity))
         if self.engine.head.pruned:
             logger.info("vllm-layerskip %s: drafts score %d of %d token ids (draft vocabulary %s)",
                         self.method, self.engine.head.token_ids.numel(), identity.vocab_size,
                         self.options.draft_vocab or "shipped")
-        self._check_draft_weights()
+        check_draft_weights(self.method, self.options.draft_weights, self.engine)
         self.on_model_loaded()
-
-    def _check_draft_weights(self) -> None:
-        asked, loaded = self.options.draft_weights, self._draft_weights_status()
-        if asked is not None and loaded is None:
-            raise LayerSkipConfigError(
-                f"'draft_weights': {asked!r} was asked for but the model's linear layers "
-                "were loaded without a draft copy (was the plugin loaded in the worker "
-                "before the model? vllm.general_plugins entry point)."
-            )
-        if loaded is not None:
-            head = " and of the pruned draft head" if self.engine.head.quantized_bytes else ""
-            logger.info("vllm-layerskip %s: drafts read %s copies of the linear weights%s "
-                        "(%.2f GB beside the model's)", self.method, asked, head,
-                        loaded["bytes"] / 1e9)
-
-    def _draft_weights_status(self) -> dict | None:
-        """The quantized copies draft passes read, None without (draft_weights)."""
-        from vllm_layerskip.core.draft_weights import total_bytes
-
-        stack = self.engine.stack
-        if stack is None or stack.draft is None:
-            return None
-        return {"scheme": self.options.draft_weights,
-                "bytes": total_bytes(stack.draft) + self.engine.head.quantized_bytes,
-                "max_tokens_per_pass": stack.draft[0].max_tokens}
-
-    def _warn_if_bf16_cannot_pay(self) -> None:
-        from vllm.distributed import get_tensor_model_parallel_rank
-        from vllm.platforms import current_platform
-
-        if not current_platform.is_cpu() or get_tensor_model_parallel_rank() != 0:
-            return  # one warning per engine, not one per tensor-parallel rank
-        dtype = str(self.vllm_config.model_config.dtype).replace("torch.", "")
-        warning = bf16_without_arithmetic_warning(dtype, cpu_flags())
-        if warning:
-            logger.warning("vllm-layerskip %s: %s", self.method, warning)
 
     def on_model_loaded(self) -> None:
         """Hook for subclasses: the model's layer count is known from here on."""
@@ -181,45 +152,19 @@ class LayerSkipProposerBase:
         self._observe_verified_step(runner, sampled_token_ids, scheduler_output, start)
         requests = self.engine.select_requests(runner, sampled_token_ids)
         self.before_draft(runner, requests)
-        room = requests.budget.copy()  # draft tokens each request has room for
+        room = requests.budget  # draft tokens each request has room for
         copied = self._lookup(runner, requests)  # [num_drafting] drafts from the context
-        has_copy = np.array([len(c) > 0 for c in copied], dtype=bool)
-        lookup_length = self.num_speculative_tokens if has_copy.any() else 0
-        # Self-draft tokens after a copied draft that ran out before the room
-        # (its match reached the end of the context); fixed K: fill the room.
-        continue_length = self.num_speculative_tokens if self.continues_copies else 0
-        if self.policy is not None and len(requests.rows):
-            # The cost model learns from this rank's clock; every rank must run
-            # the same number of draft forwards, so rank 0's choice holds.
-            lookup_length, plan, continue_length = self.agreement.share(
-                self._plan_step(requests, copied, has_copy, room, scheduler_output))
-            self_rows = ~has_copy if lookup_length else np.ones(len(has_copy), dtype=bool)
-            requests.budget = np.minimum(requests.budget, plan.length)
-            if plan.rows < self_rows.sum():
-                self._limit_to_probe_rows(requests, plan.rows, self_rows)
-        # Requests drafting from their context need no model pass, unless they
-        # continue their copy with a self-draft.
-        # (_plan_step worked out the copy plan too, but under tensor parallelism
-        # the lookup length is rank 0's: each rank applies the shared one.)
-        copying = has_copy if lookup_length else np.zeros_like(has_copy)
-        copy_budget, runs_out = _copy_plan(copied, room, lookup_length)
-        requests.budget = np.where(copying, 0, requests.budget)
-        continuing = copying & runs_out if continue_length else None
-        if continuing is not None and continuing.any():
-            requests.prefix = [copied[i][: copy_budget[i]] if continuing[i] else copied[i][:0]
-                               for i in range(len(copied))]
-            for i in np.flatnonzero(continuing):
-                requests.budget[i] = min(room[i], len(requests.prefix[i]) + continue_length)
-            copying = copying & ~continuing
+        plan = plan_step(copied, room, *self._decide(requests, copied, room, scheduler_output))
+        requests = dataclasses.replace(requests, budget=plan.self_budget, prefix=plan.prefix)
         draft_start = time.perf_counter()
         result = self._draft_or_nothing(runner, requests)
         draft_seconds = time.perf_counter() - draft_start
         if self.policy is not None and result.num_forward_steps:
             rows_per_step = result.num_rows_run / result.num_forward_steps
             self.policy.observe_draft(rows_per_step, draft_seconds / result.num_forward_steps)
-        copied_rows = self._add_copies(runner, requests, result, copied, copying, copy_budget)
+        copied_rows = self._add_copies(runner, requests, result, copied, plan)
         num_copied = dict.fromkeys(copied_rows, None)
-        for i, prefix in enumerate(requests.prefix or ()):
+        for i, prefix in enumerate(plan.prefix or ()):
             if len(prefix):
                 num_copied[int(requests.rows[i])] = len(prefix)
         req_ids = runner.input_batch.req_ids
@@ -238,6 +183,26 @@ class LayerSkipProposerBase:
         self.stats.propose_seconds += self._last_end - start
         return result
 
+    def _decide(self, requests: DraftRequests, copied, room, scheduler_output):
+        """(copy length, self-draft length, which requests self-draft or None
+        for all, self-draft tokens continuing copies that run out): the cost
+        model's choice, rank 0's under tensor parallelism (it learns from this
+        rank's clock; every rank must run the same draft forwards); fixed K
+        without the cost model."""
+        k = self.num_speculative_tokens
+        has_copy = np.array([len(c) > 0 for c in copied], dtype=bool)
+        if self.policy is None or not len(requests.rows):
+            return (k if has_copy.any() else 0), k, None, (k if self.continues_copies else 0)
+        lookup_length, decision, continue_length = self.agreement.share(
+            self._plan_step(requests, copied, has_copy, room, scheduler_output))
+        self_rows = ~has_copy if lookup_length else np.ones(len(has_copy), dtype=bool)
+        chosen = None
+        if decision.rows < self_rows.sum():
+            # A probe drafts for a few of the requests; which ones rotates.
+            # (The offset counts shared plans only, so it agrees across ranks.)
+            chosen, self._probe_offset = probe_rows(self._probe_offset, self_rows, decision.rows)
+        return lookup_length, decision.length, chosen, continue_length
+
     def _plan_step(self, requests: DraftRequests, copied, has_copy, room, scheduler_output):
         """The cost model's plan for this step: (lookup length, the self-drafting
         requests' plan, self-draft tokens continuing copies that run out)."""
@@ -246,7 +211,7 @@ class LayerSkipProposerBase:
         )
         if not lookup_length or not self.continues_copies:
             return lookup_length, plan, 0
-        copy_budget, runs_out = _copy_plan(copied, room, lookup_length)
+        copy_budget, runs_out = copy_plan(copied, room, lookup_length)
         lengths = np.array([len(c[:b]) for c, b in zip(copied, copy_budget)], dtype=np.int64)
         num_self = min(plan.rows, int((~has_copy).sum())) if plan.length else 0
         return lookup_length, plan, self.policy.continuation_length(
@@ -260,20 +225,6 @@ class LayerSkipProposerBase:
         K/V above their exit layer, which a copied token's later readers need."""
         return bool(self.options.prompt_lookup_max)
 
-    def _limit_to_probe_rows(self, requests: DraftRequests, num_rows: int,
-                             eligible: np.ndarray | None = None) -> None:
-        """A probe drafts for `num_rows` of the `eligible` requests (those
-        without a lookup draft), the others decode plainly. Which ones rotates
-        over the batch from probe to probe. (The offset counts shared plans
-        only, so it agrees across ranks.)"""
-        candidates = np.arange(len(requests.rows)) if eligible is None else np.flatnonzero(eligible)
-        total = len(candidates)
-        probed = candidates[(self._probe_offset + np.arange(num_rows)) % total]
-        keep = np.zeros(len(requests.rows), dtype=bool)
-        keep[probed] = True
-        requests.budget = np.where(keep, requests.budget, 0)
-        self._probe_offset = (self._probe_offset + num_rows) % total
-
     def _lookup(self, runner, requests: DraftRequests) -> list[np.ndarray]:
         """Each drafting request's lookup draft (core/lookup.py; empty without
         a match, or when prompt lookup is off)."""
@@ -285,13 +236,13 @@ class LayerSkipProposerBase:
                              self.options.prompt_lookup_max, self.options.prompt_lookup_min,
                              requests.budget)
 
-    def _add_copies(self, runner, requests, result: DraftResult, copied, copying,
-                    budget) -> set[int]:
-        """Put the lookup drafts into the step's result (input-batch rows). A
+    def _add_copies(self, runner, requests, result: DraftResult, copied,
+                    plan: StepPlan) -> set[int]:
+        """Put the copied drafts into the step's result (input-batch rows). A
         copied token is a draft from a one-hot q (draft_engine.write_one_hot)."""
         rows = set()
-        for i in np.flatnonzero(copying):
-            tokens = copied[i][: budget[i]].tolist()
+        for i in np.flatnonzero(plan.copying):
+            tokens = copied[i][: plan.copy_budget[i]].tolist()
             if not tokens:
                 continue
             row = int(requests.rows[i])
@@ -414,7 +365,7 @@ class LayerSkipProposerBase:
         status = self.stats.as_dict()
         head = self.engine.head
         status["draft_vocab_size"] = head.token_ids.numel() if head is not None and head.pruned else 0
-        status["draft_weights"] = self._draft_weights_status()
+        status["draft_weights"] = draft_weights_status(self.options.draft_weights, self.engine)
         status["requests"] = self.bookkeeping.as_dict()
         status["drafting_paused"] = self.drafting_paused
         status["prompt_lookup_paused"] = self.prompt_lookup_paused
@@ -423,79 +374,5 @@ class LayerSkipProposerBase:
         return status
 
 
-def _copy_plan(copied: list[np.ndarray], room: np.ndarray,
-               lookup_length: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per drafting request at this lookup length: the most copied tokens it
-    drafts, and whether its copied draft runs out (shorter than that budget
-    while the request has room for more: its match reached the end of the
-    context)."""
-    budget = np.minimum(room, lookup_length)
-    runs_out = np.array([0 < len(c) < min(b, r) for c, b, r in zip(copied, budget, room)],
-                        dtype=bool)
-    return budget, runs_out
-
-
 def _no_drafts(num_rows: int) -> DraftResult:
     return DraftResult([[] for _ in range(num_rows)], None, 0, [[] for _ in range(num_rows)])
-
-
-class RequestBookkeeping:
-    """How much per-request state the proposer holds, after each step: it must
-    never exceed the batch (no state left behind by finished or aborted requests)."""
-
-    def __init__(self):
-        self.in_batch = 0  # requests in the input batch at the last step
-        self.tracked = 0  # requests the proposer holds state for
-        self.tracked_outside_batch = 0  # of those, requests no longer in the batch
-        self.max_tracked = 0
-
-    def observe(self, batch_req_ids, tracked: set[str]) -> None:
-        self.in_batch = len(batch_req_ids)
-        self.tracked = len(tracked)
-        self.tracked_outside_batch = len(tracked.difference(batch_req_ids))
-        self.max_tracked = max(self.max_tracked, self.tracked)
-
-    def as_dict(self) -> dict:
-        return dict(vars(self))
-
-
-class ProposerStats:
-    """Counters a benchmark or test reads from the proposer (worker process)."""
-
-    def __init__(self):
-        self.num_proposals = 0
-        self.num_forward_steps = 0
-        self.num_draft_tokens = 0  # self-drafted and copied (prompt lookup)
-        self.num_lookup_draft_tokens = 0  # copied from the context (prompt lookup)
-        # Verified draft tokens and how many were accepted, per source. A
-        # continuation's tokens count only where its whole copy was accepted.
-        self.verified = {"self": [0, 0], "lookup": [0, 0], "continuation": [0, 0]}
-        self.num_rows_run = 0  # rows the draft forwards ran (>= tokens: early exit)
-        self.draft_seconds = 0.0
-        # All of propose_from_runner, draft passes included: less draft_seconds,
-        # the proposer's own per-step work (bookkeeping, lookup, the cost model).
-        self.propose_seconds = 0.0
-        self.draft_failures = 0  # draft passes that raised (the step ran without drafts)
-        self.last_draft_error: str | None = None
-
-    def record(self, result: DraftResult, seconds: float, num_copied: int = 0) -> None:
-        self.num_proposals += 1
-        self.num_forward_steps += result.num_forward_steps
-        self.num_draft_tokens += result.num_draft_tokens
-        self.num_lookup_draft_tokens += num_copied
-        self.num_rows_run += result.num_rows_run
-        self.draft_seconds += seconds
-
-    def record_verified(self, drafted: int, accepted: int, source: str) -> None:
-        counts = self.verified[source]
-        counts[0] += drafted
-        counts[1] += accepted
-
-    def as_dict(self) -> dict:
-        d = dict(vars(self))
-        d["verified"] = {
-            source: {"draft_tokens": n, "accepted": a, "acceptance": a / n if n else None}
-            for source, (n, a) in self.verified.items()
-        }
-        return d
-

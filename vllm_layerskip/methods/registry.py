@@ -20,6 +20,7 @@ from vllm_layerskip.core.errors import LayerSkipConfigError
 
 PACKAGES = {
     "layer_skip": "vllm_layerskip.methods.layer_skip",
+    "quantized": "vllm_layerskip.methods.quantized",
     "swift": "vllm_layerskip.methods.swift",
     "clasp": "vllm_layerskip.methods.clasp",
     "self_sd": "vllm_layerskip.methods.self_sd",

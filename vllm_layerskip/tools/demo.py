@@ -5,7 +5,7 @@ identical.
 
 Two settings, by model:
 - qwen2.5-coder-1.5b (default): the speedup a user comes for, in bfloat16 (the
-  dtype users run), `layer_skip` through every layer on int4 draft weights
+  dtype users run), method `quantized`: every layer drafts on int4 draft weights
   (docs/draft-weights.md); about 4-5 minutes on 2 CPU cores, most of it plain
   decoding at ~4.5 tokens/s. In bf16 a verify pass over several tokens rounds differently
   from one-token decoding, so a few tokens may differ from plain decoding (as

@@ -96,7 +96,7 @@ def recommend(model: str | None = None, dtype: str | None = None, max_concurrenc
     spec = {"num_speculative_tokens": NUM_SPECULATIVE_TOKENS}
     if not gpu and dtype == "bfloat16":
         scheme = "int4" if max_concurrency <= INT4_MAX_CONCURRENCY else "w8a8"
-        spec = {"method": "layer_skip", **spec, "draft_weights": scheme}
+        spec = {"method": "quantized", **spec, "draft_weights": scheme}
         reasons.append("CPU with bf16 arithmetic, bf16: every layer drafts, reading a "
                        "quantized copy of its weights (no skip set; the model's own weights "
                        "verify)")

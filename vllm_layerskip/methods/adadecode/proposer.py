@@ -13,7 +13,7 @@ its K/V at its position for layers < e only. The next draft token would read
 layers >= e at that position, which hold nothing valid (an older draft's or
 another request's data, or never-written memory). So within one draft chain
 a token may exit no deeper than the shallowest exit before it (the engine's
-`exit_cap`): every K/V a draft attends to was written by the target or by this
+`EarlyExitPath.cap`, early_exit.py): every K/V a draft attends to was written by the target or by this
 chain, and drafts stay deterministic. The price: after an early shallow exit
 the rest of the chain can only use the shallower heads. Verification recomputes
 every layer at every drafted position, so none of this affects the output.
@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import logging
 
-from vllm_layerskip.core.draft_engine import DraftRequests, DraftResult, EarlyExit
+from vllm_layerskip.core.draft_engine import DraftRequests, DraftResult
 from vllm_layerskip.methods.adadecode.heads import load_heads
 from vllm_layerskip.core.identity import model_identity
 from vllm_layerskip.core.proposer import LayerSkipProposerBase
+from vllm_layerskip.methods.adadecode.early_exit import EarlyExit, EarlyExitPath
 
 logger = logging.getLogger("vllm.layerskip")
 
@@ -50,11 +51,11 @@ class AdaDecodeProposer(LayerSkipProposerBase):
         through collective_rpc to compare heads on one engine."""
         self.heads = load_heads(heads, model_identity(self.vllm_config.model_config))
         weight = next(self.engine.stack.layers[0].parameters())
-        self.early_exit = EarlyExit(
+        self.path = EarlyExitPath(EarlyExit(
             layers=tuple(self.heads.layers),
             transforms=self.heads.transforms.to(device=weight.device, dtype=weight.dtype),
             threshold=self.options.threshold,
-        )
+        ), self.engine.num_layers)
         self.num_exits = 0
         self.exit_layer_sum = 0
         logger.info(
@@ -70,8 +71,8 @@ class AdaDecodeProposer(LayerSkipProposerBase):
 
     def draft(self, runner, requests: DraftRequests) -> DraftResult:
         result = self.engine.draft(
-            runner, requests, mask=None, confidence_threshold=self.options.draft_confidence_threshold,
-            early_exit=self.early_exit,
+            runner, requests, confidence_threshold=self.options.draft_confidence_threshold,
+            path=self.path,
         )
         for layers in result.exit_layers:
             self.num_exits += len(layers)

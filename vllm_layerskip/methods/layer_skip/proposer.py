@@ -15,6 +15,14 @@ class LayerSkipProposer(LayerSkipProposerBase):
     def on_model_loaded(self) -> None:
         self.mask = build_mask(self.options, self.engine.num_layers)
         logger.info("vllm-layerskip layer_skip: %s", self.mask.describe())
+        if self.mask.num_skipped == 0 and self.options.draft_weights:
+            # The spelling of releases before method 'quantized' existed: it
+            # keeps working for this release.
+            logger.warning(
+                "vllm-layerskip: 'layer_skip' with no sub-layer skipped and draft_weights "
+                "%r is method 'quantized': write {\"method\": \"quantized\", "
+                "\"draft_weights\": %r}; this spelling keeps working for one release.",
+                self.options.draft_weights, self.options.draft_weights)
 
     def set_mask(self, mask) -> None:
         """Swap the skip set at the next step (used by `vllm-layerskip search`

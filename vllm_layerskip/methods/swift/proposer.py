@@ -53,6 +53,7 @@ from vllm_layerskip.core.draft_engine import DraftRequests, DraftResult
 from vllm_layerskip.core.identity import model_identity
 from vllm_layerskip.core.proposer import LayerSkipProposerBase
 from vllm_layerskip.methods.swift.search import SwiftSearch
+from vllm_layerskip.methods.swift.scoring import WindowScorer
 
 
 class SwiftProposer(LayerSkipProposerBase):
@@ -63,9 +64,10 @@ class SwiftProposer(LayerSkipProposerBase):
             model_identity(self.vllm_config.model_config),
             agreement=self.agreement,
         )
+        self.scorer = WindowScorer(self.engine)
 
     def before_draft(self, runner, requests: DraftRequests) -> None:
-        self.search.step(runner, self.engine, requests)
+        self.search.step(runner, self.scorer, requests)
 
     def draft(self, runner, requests: DraftRequests) -> DraftResult:
         return self.engine.draft(

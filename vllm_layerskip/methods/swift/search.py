@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vllm_layerskip.core.background_worker import BackgroundWorker
-from vllm_layerskip.core.draft_engine import DraftRequests, ScoreWindows
+from vllm_layerskip.core.draft_engine import DraftRequests
 from vllm_layerskip.core.faults import maybe_delay, maybe_fail
 from vllm_layerskip.core.optimizer_budget import OptimizerBudget
 from vllm_layerskip.core.rank_agreement import SingleRank
@@ -21,6 +21,7 @@ from vllm_layerskip.core.set_search import BayesianSetOptimizer, Coords, SubLaye
 from vllm_layerskip.core.versioned_file import SHIPPED
 from vllm_layerskip.methods.swift.options import SwiftOptions
 from vllm_layerskip.methods.swift.state_file import Observation, SwiftState, load_state, save_state
+from vllm_layerskip.methods.swift.scoring import ScoreWindows
 
 logger = logging.getLogger("vllm.layerskip")
 
@@ -138,6 +139,7 @@ class SwiftSearch:
     # ---- each decoding step ---------------------------------------------------
 
     def step(self, runner, engine, requests: DraftRequests) -> None:
+        """`engine`: what scores a set on windows of text (scoring.WindowScorer)."""
         self.decode_steps += 1
         self.budget.step(time.perf_counter())
         # The thread's CPU time counts against the same share: on a machine

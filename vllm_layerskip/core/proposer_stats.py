@@ -1,0 +1,68 @@
+"""What a proposer counts for its status and for benchmarks: drafts and
+acceptance per source, time spent, and the per-request state it holds."""
+
+from __future__ import annotations
+
+from vllm_layerskip.core.draft_engine import DraftResult
+
+
+class RequestBookkeeping:
+    """How much per-request state the proposer holds, after each step: it must
+    never exceed the batch (no state left behind by finished or aborted requests)."""
+
+    def __init__(self):
+        self.in_batch = 0  # requests in the input batch at the last step
+        self.tracked = 0  # requests the proposer holds state for
+        self.tracked_outside_batch = 0  # of those, requests no longer in the batch
+        self.max_tracked = 0
+
+    def observe(self, batch_req_ids, tracked: set[str]) -> None:
+        self.in_batch = len(batch_req_ids)
+        self.tracked = len(tracked)
+        self.tracked_outside_batch = len(tracked.difference(batch_req_ids))
+        self.max_tracked = max(self.max_tracked, self.tracked)
+
+    def as_dict(self) -> dict:
+        return dict(vars(self))
+
+
+class ProposerStats:
+    """Counters a benchmark or test reads from the proposer (worker process)."""
+
+    def __init__(self):
+        self.num_proposals = 0
+        self.num_forward_steps = 0
+        self.num_draft_tokens = 0  # self-drafted and copied (prompt lookup)
+        self.num_lookup_draft_tokens = 0  # copied from the context (prompt lookup)
+        # Verified draft tokens and how many were accepted, per source. A
+        # continuation's tokens count only where its whole copy was accepted.
+        self.verified = {"self": [0, 0], "lookup": [0, 0], "continuation": [0, 0]}
+        self.num_rows_run = 0  # rows the draft forwards ran (>= tokens: early exit)
+        self.draft_seconds = 0.0
+        # All of propose_from_runner, draft passes included: less draft_seconds,
+        # the proposer's own per-step work (bookkeeping, lookup, the cost model).
+        self.propose_seconds = 0.0
+        self.draft_failures = 0  # draft passes that raised (the step ran without drafts)
+        self.last_draft_error: str | None = None
+
+    def record(self, result: DraftResult, seconds: float, num_copied: int = 0) -> None:
+        self.num_proposals += 1
+        self.num_forward_steps += result.num_forward_steps
+        self.num_draft_tokens += result.num_draft_tokens
+        self.num_lookup_draft_tokens += num_copied
+        self.num_rows_run += result.num_rows_run
+        self.draft_seconds += seconds
+
+    def record_verified(self, drafted: int, accepted: int, source: str) -> None:
+        counts = self.verified[source]
+        counts[0] += drafted
+        counts[1] += accepted
+
+    def as_dict(self) -> dict:
+        d = dict(vars(self))
+        d["verified"] = {
+            source: {"draft_tokens": n, "accepted": a, "acceptance": a / n if n else None}
+            for source, (n, a) in self.verified.items()
+        }
+        return d
+
