@@ -28,6 +28,14 @@ def linear(out_features, in_features, bias=False, dtype=torch.float32, **attrs):
     return layer
 
 
+@pytest.fixture(autouse=True)
+def _no_user_cache(monkeypatch):
+    """Copies made here are not kept in the user's cache (core/draft_weights_cache.py)."""
+    from vllm_layerskip.core import draft_weights_cache
+
+    monkeypatch.setenv(draft_weights_cache.DISABLE_ENV, "0")
+
+
 def relative_error(got, want):
     return ((got.float() - want.float()).norm() / want.float().norm()).item()
 
@@ -257,3 +265,70 @@ def test_asked_for_draft_weights_without_copies_is_an_error_at_load():
     with pytest.raises(LayerSkipConfigError, match="was asked for but the model's linear layers "
                                                    "were loaded without a draft copy"):
         check_draft_weights("layer_skip", "int4", engine)
+
+
+def grid_weight(rows=64, k=128, dtype=torch.float32):
+    """(layer, q, step, offset): weights on a 4-bit grid, as a checkpoint dequantized
+    from GGUF Q4_K has them: each group of 32 is step * q + offset, q in part of
+    0..15, steps and values of the 1.5B model's order (steps 0.005-0.01)."""
+    torch.manual_seed(1)
+    step = torch.rand(rows, k // 32, 1) * 0.005 + 0.005
+    offset = -step * (6 + 2 * torch.rand(rows, k // 32, 1))
+    q = torch.randint(1, 14, (rows, k // 32, 32)).float()
+    layer = linear(rows, k, dtype=dtype)
+    layer.weight.data = (q * step + offset).reshape(rows, k).to(dtype)
+    return layer, q, step, offset
+
+
+def test_the_auto_grid_keeps_a_4_bit_checkpoints_grid_and_minmax_does_not():
+    layer, q, step, offset = grid_weight(dtype=torch.bfloat16)
+    rows, k = layer.weight.shape
+    auto = relative_error(dequantized(QuantizedLinear(layer, "int4", "auto"), k), layer.weight)
+    minmax = relative_error(dequantized(QuantizedLinear(layer, "int4", "minmax"), k), layer.weight)
+    # The best a bf16 copy can do: the true grid, its step and zero rounded to
+    # bf16 as the kernel stores them, the output rounded to bf16.
+    low = q.amin(dim=-1, keepdim=True)
+    zero = (low * step + offset + 8 * step).to(torch.bfloat16).float()
+    best = ((q - low - 8) * step.to(torch.bfloat16).float() + zero).reshape(rows, k)
+    floor = relative_error(best.to(torch.bfloat16), layer.weight)
+    assert 0 < floor < 0.005, floor
+    assert auto < 1.2 * floor, (auto, floor)
+    assert minmax > 10 * floor, (minmax, floor)  # ~6%: most weights fall between its levels
+    assert QuantizedLinear(layer, "int4").grid == "auto"  # the default
+
+
+def test_on_weights_without_a_grid_both_grids_give_the_same_copy():
+    layer = linear(64, 128, dtype=torch.bfloat16)
+    auto, minmax = QuantizedLinear(layer, "int4", "auto"), QuantizedLinear(layer, "int4", "minmax")
+    assert torch.equal(auto.packed, minmax.packed) and torch.equal(auto.scales, minmax.scales)
+
+
+def test_attach_passes_the_grid_and_other_schemes_have_none():
+    layer = grid_weight()[0]
+    attach(layer, "int4", "minmax")
+    assert getattr(layer, ATTR).grid == "minmax"
+    assert QuantizedLinear(linear(8, 64), "int4", "minmax").grid is None  # int8 fallback
+    assert QuantizedLinear(linear(32, 64), "int8").grid is None
+
+
+def test_grid_option_errors_name_the_key_and_what_to_do():
+    assert LayerSkipOptions(draft_weights="int4").int4_grid == "auto"
+    options = LayerSkipOptions(draft_weights="int4", draft_weights_grid="minmax")
+    assert options.draft_weights_grid == options.int4_grid == "minmax"
+    with pytest.raises(LayerSkipConfigError, match=r"'draft_weights_grid' must be one of 'auto', "
+                                                    r"'minmax', got 'MinMax' \(did you mean "
+                                                    r"\"minmax\"\?\)"):
+        LayerSkipOptions(draft_weights="int4", draft_weights_grid="MinMax")
+    with pytest.raises(LayerSkipConfigError, match=r"got 'gguf': \"auto\" keeps"):
+        LayerSkipOptions(draft_weights="int4", draft_weights_grid="gguf")
+    with pytest.raises(LayerSkipConfigError, match=r"'draft_weights_grid': 'minmax' applies to int4 "
+                                                    r"draft weights, and none are asked for: add "
+                                                    r"\"draft_weights\": \"int4\""):
+        LayerSkipOptions(draft_weights_grid="minmax")
+    for scheme in ("int8", "w8a8"):
+        with pytest.raises(LayerSkipConfigError, match=rf"applies to \"draft_weights\": \"int4\" "
+                                                        rf"only; '{scheme}' has one symmetric scale"):
+            LayerSkipOptions(draft_weights=scheme, draft_weights_grid="auto")
+    # A bad scheme is named as such, not as a grid problem.
+    with pytest.raises(LayerSkipConfigError, match=r"'draft_weights' must be one of"):
+        LayerSkipOptions(draft_weights="int3", draft_weights_grid="auto")

@@ -95,6 +95,18 @@ def test_good_config_maps_to_our_proposer_and_reserves_lookahead(smollm2_path):
          "'max_optimizer_share' must be in [0, 1], got 1.5"),
         ({"method": "swift", "num_speculative_tokens": 4, "skip_layers": [3]},
          "Unknown key(s) in the speculative config for method 'swift': 'skip_layers'"),
+        ({"method": "layer_skip", "num_speculative_tokens": 4, "draft_weights": "int4",
+          "draft_weights_grid": "min_max"},
+         "'draft_weights_grid' must be one of 'auto', 'minmax', got 'min_max' (did you mean \"minmax\"?)"),
+        ({"method": "layer_skip", "num_speculative_tokens": 4, "draft_weights_grid": "minmax"},
+         "'draft_weights_grid': 'minmax' applies to int4 draft weights, and none are asked for: "
+         "add \"draft_weights\": \"int4\", or remove 'draft_weights_grid'."),
+        ({"method": "swift", "num_speculative_tokens": 4, "draft_weights": "w8a8",
+          "draft_weights_grid": "auto"},
+         "'draft_weights_grid' applies to \"draft_weights\": \"int4\" only; 'w8a8' has one "
+         "symmetric scale a row, no grid to choose."),
+        ({"method": "layer_skip", "num_speculative_tokens": 4, "draft_weight_grid": "minmax"},
+         "'draft_weight_grid' (did you mean 'draft_weights_grid'?)"),
     ],
 )
 def test_bad_config_fails_at_startup(smollm2_path, speculative_config, message):
@@ -129,6 +141,33 @@ def test_swift_config_and_corrupt_state_file(smollm2_path, tmp_path):
     assert (state.best_attn, state.best_mlp) == (
         [2, 4, 5, 6, 7, 8, 9, 11, 12, 13, 14, 16, 17, 20, 23], [2, 4, 5, 6, 7, 9, 10, 11, 13, 14])
     assert state.optimization_finished
+
+
+def test_draft_weights_grid_reaches_the_quantizer_at_load(smollm2_path, monkeypatch):
+    """The key travels in the engine's config to the linear-weights patch, which
+    quantizes each layer as vLLM loads it (patches/linear_weights.py)."""
+    import torch
+    from torch import nn
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+
+    from vllm_layerskip.core import draft_weights_cache
+    from vllm_layerskip.core.draft_weights import ATTR
+    from vllm_layerskip.patches import linear_weights
+
+    monkeypatch.setenv(draft_weights_cache.DISABLE_ENV, "0")
+    spec = {"method": "layer_skip", "num_speculative_tokens": 4, "draft_weights": "int4"}
+    made = {}
+    for grid in (None, "minmax"):
+        config = engine_config(smollm2_path, spec if grid is None else {**spec, "draft_weights_grid": grid})
+        layer = nn.Module()
+        layer.weight = nn.Parameter(torch.randn(32, 64, dtype=torch.bfloat16), requires_grad=False)
+        layer._cpu_skip_gemm_dispatch = True  # vLLM's own step then only sets a plain linear
+        with set_current_vllm_config(config):
+            linear_weights.process_weights_after_loading(UnquantizedLinearMethod(), layer)
+        made[grid] = getattr(layer, ATTR)
+    assert made[None].scheme == "int4" and made[None].grid == "auto"
+    assert made["minmax"].grid == "minmax"
 
 
 def test_clasp_config_maps_to_its_proposer(smollm2_path):

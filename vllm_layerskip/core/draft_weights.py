@@ -25,6 +25,14 @@ Schemes (`draft_weights`):
   Its drafts are less exact: activation rounding costs ~4-8% of a linear's
   output norm against ~0.5% for "int4" on a 4-bit checkpoint's grid.
 
+Grids (`draft_weights_grid`, "int4" only): "auto" keeps the 4-bit grid of a
+checkpoint dequantized from 4 bits where a sample of a weight's groups shows
+one (`_int4_steps`), "minmax" always takes each group's (max - min) / 15.
+
+The copies are made once per weight and kept on disk
+(core/draft_weights_cache.py): a later start with the same weights reads them
+(the 1.5B model's int4 copy took minutes to make on 2 cores).
+
 CPU only: the GPU kernels want other layouts and have not run here. The copy
 costs memory beside the model's weights: 5 bits a weight for int4, 8 for int8
 and w8a8 (0.82 / 1.31 GB on Qwen2.5-Coder-1.5B, as its engines logged them).
@@ -38,11 +46,16 @@ import warnings
 import torch
 from torch import nn
 
+from vllm_layerskip.core import draft_weights_cache
 from vllm_layerskip.core.cpu_dtype import cpu_flags
 from vllm_layerskip.core.draft_layer import DraftLayer
 from vllm_layerskip.core.errors import LayerSkipConfigError
 
 SCHEMES = ("int4", "int8", "w8a8")
+# How "int4" picks each group's step (`draft_weights_grid`): "auto" finds a
+# checkpoint's own 4-bit grid where it has one, "minmax" never looks for one.
+GRIDS = ("auto", "minmax")
+DEFAULT_GRID = "auto"
 ATTR = "layerskip_draft_linear"  # set on each vLLM linear layer that has a copy
 _GROUP = 32
 _LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
@@ -64,7 +77,7 @@ class QuantizedLinear:
     """A vLLM linear layer's weight, quantized; called as the layer is:
     (output, None), or output alone when the layer does not return a bias."""
 
-    def __init__(self, layer: nn.Module, scheme: str):
+    def __init__(self, layer: nn.Module, scheme: str, grid: str = DEFAULT_GRID):
         weight = layer.weight.detach()
         if weight.device.type != "cpu":
             raise LayerSkipConfigError(
@@ -73,15 +86,29 @@ class QuantizedLinear:
             )
         self.dtype = weight.dtype
         self.out_features, self.in_features = weight.shape
+        if grid not in GRIDS:
+            raise ValueError(f"grid must be one of {GRIDS}, got {grid!r}")
         if scheme == "int4" and weight.shape[1] % _GROUP == 0 and weight.shape[0] % 16 == 0:
             self.scheme = "int4"
-            self.packed, self.scales = _quantize_int4(weight)
-        elif scheme == "w8a8":
-            self.scheme = "w8a8"
-            self.packed = _prepack_w8a8(weight)
         else:
-            self.scheme = "int8"
-            self.packed, self.scales = _quantize_int8(weight)
+            self.scheme = "w8a8" if scheme == "w8a8" else "int8"
+            grid = None  # one symmetric scale a row: no grid to choose
+        self.grid = grid
+        if self.scheme == "w8a8":
+            self._check_fbgemm()
+        # What is stored is the same for int8 and w8a8 (int8 q, a scale a row),
+        # and never a CPU-specific packed layout: packing is done here, at every start.
+        kind = "int4" if self.scheme == "int4" else "int8"
+        stored = draft_weights_cache.cached(
+            weight, kind, grid, _GROUP,
+            lambda: _quantize_int4(weight, grid) if kind == "int4" else _quantize_int8(weight))
+        if self.scheme == "int4":
+            self.packed = _pack_int4(stored["q"])
+            self.scales = stored["scales"]
+        elif self.scheme == "w8a8":
+            self.packed = _prepack_w8a8(stored["q"], stored["scale"])
+        else:
+            self.packed, self.scales = stored["q"], stored["scale"]
         # vLLM's bias rules: a row-parallel layer adds its bias on rank 0 only
         # (after the all-reduce would add it tp times), none with skip_bias_add.
         bias = getattr(layer, "bias", None)
@@ -93,6 +120,13 @@ class QuantizedLinear:
         self.all_reduce = self.row_parallel and getattr(layer, "reduce_results", True) \
             and getattr(layer, "tp_size", 1) > 1
         self.return_bias = getattr(layer, "return_bias", True)
+
+    def _check_fbgemm(self) -> None:
+        engines = _quantized_engines()
+        if "fbgemm" not in engines:
+            raise LayerSkipConfigError(
+                f"'draft_weights': \"w8a8\" needs torch's FBGEMM int8 kernels (x86 CPUs); this "
+                f"torch has only {', '.join(engines)}. Use \"int4\" or \"int8\".")
 
     @property
     def nbytes(self) -> int:
@@ -122,19 +156,37 @@ class QuantizedLinear:
         return (out, None) if self.return_bias else out
 
 
-def _quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+# What the quantizers below compute is what the on-disk cache stores: a change
+# to their output must bump draft_weights_cache.VERSION, or old copies are read.
+
+
+def _quantize_int4(weight: torch.Tensor, grid: str = DEFAULT_GRID) -> dict[str, torch.Tensor]:
     """Asymmetric 4-bit per group of 32 along the input dimension: w ~ (q - 8) *
-    scale + zero with q in 0..15, the layout torch's CPU int4 kernel reads."""
+    scale + zero with q in 0..15. Returns {"q": [n, k / 2] uint8, two 4-bit values
+    a byte (column 2j in the low half, 2j + 1 in the high), "scales": [k / 32, n, 2]
+    (scale, zero) of each group per output row, the layout torch's CPU int4 kernel
+    reads}; `_pack_int4` turns q into the kernel's packed weight."""
     n, k = weight.shape
     groups = weight.float().reshape(n, k // _GROUP, _GROUP)
     low = groups.amin(dim=-1, keepdim=True)
-    scale = _int4_steps(groups, low)
-    q = torch.round((groups - low) / scale).clamp(0, 15).to(torch.int32).reshape(n, k)
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+    if grid == "minmax":
+        scale = ((groups.amax(dim=-1, keepdim=True) - low) / 15).clamp(min=1e-10)
+    else:
+        scale = _int4_steps(groups, low)
+    q = torch.round((groups - low) / scale).clamp(0, 15).to(torch.uint8).reshape(n, k)
     zero = low + 8 * scale
-    # [k / 32, n, 2]: (scale, zero) of each group, per output row
     scales = torch.cat([scale, zero], dim=-1).transpose(0, 1).contiguous().to(weight.dtype)
-    return packed, scales
+    return {"q": (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous(), "scales": scales}
+
+
+def _pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """[n, k / 2] two 4-bit values a byte (`_quantize_int4`) -> torch's packed CPU
+    int4 weight, whose layout may depend on the CPU torch runs on."""
+    n, half = q.shape
+    unpacked = torch.empty(n, 2 * half, dtype=torch.int32)
+    unpacked[:, 0::2] = q & 15
+    unpacked[:, 1::2] = q >> 4
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(unpacked, 1)
 
 
 def _int4_steps(groups: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
@@ -178,22 +230,17 @@ def _grid_steps(groups: torch.Tensor, low: torch.Tensor, span: torch.Tensor):
     return step, found
 
 
-def _quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric 8-bit, one scale per output row."""
+def _quantize_int8(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Symmetric 8-bit, one scale per output row: {"q": [n, k] int8, "scale": [n]}."""
     w = weight.float()
     scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-10)
     q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
-    return q, scale.to(weight.dtype)
+    return {"q": q, "scale": scale.to(weight.dtype)}
 
 
-def _prepack_w8a8(weight: torch.Tensor):
-    """FBGEMM's packed int8 weight (one scale a row)."""
-    engines = _quantized_engines()
-    if "fbgemm" not in engines:
-        raise LayerSkipConfigError(
-            f"'draft_weights': \"w8a8\" needs torch's FBGEMM int8 kernels (x86 CPUs); this "
-            f"torch has only {', '.join(engines)}. Use \"int4\" or \"int8\".")
-    q, scale = _quantize_int8(weight)
+def _prepack_w8a8(q: torch.Tensor, scale: torch.Tensor):
+    """FBGEMM's packed int8 weight (one scale a row), from `_quantize_int8`'s q and
+    scale. FBGEMM's packed form cannot be saved: it is made at every start."""
     zeros = torch.zeros(q.shape[0], dtype=torch.long)
     previous = torch.backends.quantized.engine
     try:
@@ -231,13 +278,14 @@ def _has_vnni() -> bool:
     return "avx512_vnni" in flags or "avx_vnni" in flags
 
 
-def attach(layer: nn.Module, scheme: str) -> None:
+def attach(layer: nn.Module, scheme: str, grid: str = DEFAULT_GRID) -> None:
     """Give a vLLM linear layer its draft copy (called before vLLM prepares the
-    layer's own weight for its kernels, which on CPU drops the plain weight)."""
+    layer's own weight for its kernels, which on CPU drops the plain weight);
+    `grid`: how "int4" picks its steps (GRIDS)."""
     weight = getattr(layer, "weight", None)
     if weight is None or weight.ndim != 2 or weight.is_meta or weight.numel() == 0:
         return
-    setattr(layer, ATTR, QuantizedLinear(layer, scheme))
+    setattr(layer, ATTR, QuantizedLinear(layer, scheme, grid))
 
 
 def draft_layers(layers: list[nn.Module]) -> list[DraftLayer] | None:

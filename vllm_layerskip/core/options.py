@@ -46,6 +46,11 @@ class DraftingOptions:
     """Draft passes read the decoder's linear weights quantized, "int4", "int8"
     or "w8a8" (int8 weights and activations, for passes of many tokens): a copy made at load (core/draft_weights.py), verification keeps the
     model's own weights. Unset: drafts read the model's weights. CPU only."""
+    draft_weights_grid: str | None = None
+    """How "int4" draft weights pick each group's step: "auto" (the default) keeps
+    the 4-bit grid of a checkpoint dequantized from 4 bits (a GGUF Q4_K) where a
+    sample of a weight's groups shows one, and (max - min) / 15 elsewhere;
+    "minmax": (max - min) / 15 everywhere. Only with "draft_weights": "int4"."""
 
     prompt_lookup_max: int | None = None
     """vLLM's key: drafts copied from the request's context where its last
@@ -74,13 +79,43 @@ class DraftingOptions:
         from vllm_layerskip.core.draft_weights import SCHEMES
 
         value = self.draft_weights
-        if value is None or value in SCHEMES:
+        if value is not None and value not in SCHEMES:
+            close = difflib.get_close_matches(str(value).lower(), SCHEMES, n=1)
+            hint = f" (did you mean \"{close[0]}\"?)" if close else ""
+            raise LayerSkipConfigError(
+                f"'draft_weights' must be one of {', '.join(repr(s) for s in SCHEMES)}, got "
+                f"{value!r}{hint}; leave it out for the model's own weights.")
+        self._check_draft_weights_grid()
+
+    def _check_draft_weights_grid(self) -> None:
+        from vllm_layerskip.core.draft_weights import GRIDS
+
+        value = self.draft_weights_grid
+        if value is None:
             return
-        close = difflib.get_close_matches(str(value).lower(), SCHEMES, n=1)
-        hint = f" (did you mean \"{close[0]}\"?)" if close else ""
-        raise LayerSkipConfigError(
-            f"'draft_weights' must be one of {', '.join(repr(s) for s in SCHEMES)}, got "
-            f"{value!r}{hint}; leave it out for the model's own weights.")
+        if value not in GRIDS:
+            close = difflib.get_close_matches(str(value).lower(), GRIDS, n=1)
+            hint = f" (did you mean \"{close[0]}\"?)" if close else ""
+            raise LayerSkipConfigError(
+                f"'draft_weights_grid' must be one of {', '.join(repr(g) for g in GRIDS)}, got "
+                f"{value!r}{hint}: \"auto\" keeps a 4-bit checkpoint's own grid, \"minmax\" "
+                "takes each group's (max - min) / 15.")
+        if self.draft_weights is None:
+            raise LayerSkipConfigError(
+                f"'draft_weights_grid': {value!r} applies to int4 draft weights, and none are "
+                "asked for: add \"draft_weights\": \"int4\", or remove 'draft_weights_grid'.")
+        if self.draft_weights != "int4":
+            raise LayerSkipConfigError(
+                f"'draft_weights_grid' applies to \"draft_weights\": \"int4\" only; "
+                f"{self.draft_weights!r} has one symmetric scale a row, no grid to choose. "
+                "Remove 'draft_weights_grid', or use \"draft_weights\": \"int4\".")
+
+    @property
+    def int4_grid(self) -> str:
+        """The grid "int4" draft weights are made with (draft_weights_grid's default: "auto")."""
+        from vllm_layerskip.core.draft_weights import DEFAULT_GRID
+
+        return self.draft_weights_grid or DEFAULT_GRID
 
     def _check_prompt_lookup(self) -> None:
         high, low = self.prompt_lookup_max, self.prompt_lookup_min
