@@ -5,7 +5,9 @@ vLLM loads `register()` through the `vllm.general_plugins` entry point in every
 process (front end, engine core, workers). It checks the installed vLLM version
 (an unsupported one that the escape hatch lets load gets its source checked
 against the hook-point table, with a warning per missing or changed hook), then
-patches the few vLLM functions listed in `vllm_layerskip.patches`.
+patches the few vLLM functions listed in `vllm_layerskip.patches`. In a CPU
+worker it also warns when vLLM's thread binding kept cores back from it
+(core/cpu_binding.py).
 """
 
 from __future__ import annotations
@@ -85,6 +87,10 @@ def register() -> None:
     from vllm_layerskip.patches import apply_all
 
     apply_all()
+    # In a CPU worker: say so if vLLM kept cores back from it (core/cpu_binding.py).
+    from vllm_layerskip.core.cpu_binding import check_worker_binding
+
+    check_worker_binding()
 
 
 def _on_cpu() -> bool:
