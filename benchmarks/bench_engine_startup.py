@@ -7,6 +7,7 @@ layer_skip K=4 with a fixed sub-layer set. Prints a table; outputs must agree.
     .venv/bin/python benchmarks/bench_engine_startup.py
 """
 
+import argparse
 import os
 import platform
 import sys
@@ -18,7 +19,8 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 
 
-def main():
+def main(argv=None):
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)  # no options
     from conftest import make_llm
     from test_parity_smollm2 import CONFIGS, MAX_MODEL_LEN, run
 

@@ -1,9 +1,9 @@
 """A method against plain decoding in its own engine, the two taking turns every few steps.
 
-bench_paused.py pairs turns of whole requests (10-20 s each at 8 in flight on the
-1.5B model); on the 2-core Xeon VM the machine's memory speed drifted by a third
-between such turns, so its A/A controls read 0.88-0.98x and four blocks could not
-tell 1.1x from 1.0x. Here one engine serves a steady stream of requests (N in
+Turns of whole requests (10-20 s each at 8 in flight on the 1.5B model) pair
+badly where memory drifts: on the 2-core Xeon VM the memory's speed drifted by a
+third between such turns, so their A/A controls read 0.88-0.98x and four blocks
+could not tell 1.1x from 1.0x. Here one engine serves a steady stream of requests (N in
 flight, the next entering as one finishes, as `vllm bench serve --max-concurrency
 N`), and its drafting mode changes every W engine steps (~3 s): drafting on,
 paused (plain decoding), paused again (the A/A control), and with prompt lookup

@@ -8,7 +8,7 @@ buffers differ on average, two engines with the same weights will too, as their
 weights land in different memory; where passes differ from one to the next,
 turns must be short and many. On the 2-core Xeon VM (2026-11-29) passes ranged
 11-23 GB/s and the two 3 GiB buffers averaged 12.8 and 15.7 GB/s in turns
-(benchmarks/RESULTS.md); bench_paused.py compares a method with plain decoding
+(benchmarks/RESULTS.md); bench_interleaved.py compares a method with plain decoding
 in its own engine for that reason. Seconds to a minute.
 
     .venv/bin/python benchmarks/bench_memory_bandwidth.py --gib 3 --rounds 10

@@ -55,7 +55,6 @@ sys.path.insert(0, str(REPO))  # run from a checkout
 
 from vllm_layerskip.tools.prompts import benchmark_dataset  # noqa: E402
 from vllm_layerskip.methods.registry import METHOD_NAMES  # noqa: E402
-from vllm_layerskip.core.proposer import STATUS_FILE_ENV  # noqa: E402
 
 VLLM = Path(sys.executable).parent / "vllm"
 RESULTS = REPO / "benchmarks" / "results"
@@ -228,6 +227,8 @@ def free_port() -> int:
 
 class Server:
     def __init__(self, model: str, spec: dict | None, args, workdir: Path, name: str):
+        from vllm_layerskip.core.proposer import STATUS_FILE_ENV  # imports vLLM: not at --help
+
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = workdir / f"{name}.log"

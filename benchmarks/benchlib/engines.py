@@ -335,7 +335,7 @@ def engines_that_fit(reserve_gib: float, per_engine_gib: float) -> int:
     return int((free - reserve_gib) // per_engine_gib)
 
 
-# ---- one method's engine at a time, paused by RPC (bench_paused, bench_interleaved) --
+# ---- one method's engine at a time, paused by RPC (bench_interleaved) --
 
 def add_method_engine_arguments(parser) -> None:
     """The options of a benchmark that starts one method's engine at a time."""

@@ -9,7 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks"))
+BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks")
+sys.path[:0] = [BENCHMARKS, os.path.join(BENCHMARKS, "analysis")]  # benchlib; the analysis tools
 
 from benchlib.figures import ALL, speedup_intervals  # noqa: E402
 from benchlib.report import cpu_vector_isa, floor_check  # noqa: E402

@@ -1,4 +1,4 @@
-"""The lookup replay's policies (benchmarks/lookup_match_length.py): the draft
+"""The lookup replay's policies (benchmarks/analysis/lookup_match_length.py): the draft
 length each cost picks, and greedy decoding again with lookup drafts, on
 outputs built by hand (no engine, no tokenizer)."""
 
@@ -10,7 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks"))
+BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks")
+sys.path[:0] = [BENCHMARKS, os.path.join(BENCHMARKS, "analysis")]  # benchlib; the analysis tools
 
 from lookup_match_length import (accepted_length, best_length, decode_again,  # noqa: E402
                                  main, occurrences_agree, replay)

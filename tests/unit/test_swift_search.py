@@ -3,8 +3,6 @@ termination rules, the r-lowering and re-optimization triggers, failures in the
 optimizer thread and the scoring pass, and the state file."""
 
 import json
-import os
-import sys
 import time
 
 import numpy as np
@@ -281,12 +279,11 @@ def test_state_file_round_trip_and_refusals(tmp_path):
         options(state_file=str(bad)).validate_for_model(IDENTITY)
 
 
-def test_learn_script_resumes_a_finished_state_by_optimizing_again(tmp_path):
-    """benchmarks/learn_swift_set.py --resume: a state that ended by patience
+def test_learn_swift_set_resumes_a_finished_state_by_optimizing_again(tmp_path):
+    """`vllm-layerskip learn-swift-set --resume`: a state that ended by patience
     loads as accelerating; its copy must start an optimization phase from its
     best set and history, and the original must stay as it was."""
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
-    from learn_swift_set import copy_state_to_resume
+    from vllm_layerskip.methods.swift.learn_offline import copy_state_to_resume
 
     path = tmp_path / "finished.json"
     search = SwiftSearch(options(patience=5, state_file=str(path)), NUM_LAYERS, IDENTITY)
@@ -314,7 +311,7 @@ def test_learn_script_resumes_a_finished_state_by_optimizing_again(tmp_path):
         bad = tmp_path / "bad.json"
         bad.write_text(text)
         with pytest.raises(SystemExit, match=r"--resume .*bad.json: not a SWIFT state file .*"
-                                             r"give the state file an earlier learn_swift_set.py run wrote"):
+                                             r"give the state file an earlier learn-swift-set run wrote"):
             copy_state_to_resume(str(bad), str(tmp_path / "out.json"))
         assert not (tmp_path / "out.json").exists()
 

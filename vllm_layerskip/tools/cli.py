@@ -6,6 +6,7 @@ what some methods load.
     vllm-layerskip search --out P    # Self-SD: Bayesian search of a skip profile
     vllm-layerskip train-heads --prompts F --layers 8,15,22 --out H   # AdaDecode exit heads
     vllm-layerskip draft-vocab --size 32768 --out F   # rank the vocabulary for a pruned draft head
+    vllm-layerskip learn-swift-set --out S   # SWIFT: learn a skip set offline, write a state file
     vllm-layerskip recommend --model M [--dtype D] [--max-concurrency N]   # the config to use
 """
 
@@ -55,6 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     vocab = sub.add_parser("draft-vocab", help="rank the vocabulary by the model's own answers; "
                                                "writes a file for 'draft_vocab'")
     draft_vocab.add_arguments(vocab)
+    from vllm_layerskip.methods.swift import learn_offline as swift_learning
+
+    learn_swift = sub.add_parser("learn-swift-set", help="run SWIFT's optimizer to the end offline; "
+                                                         "writes a state file for 'state_file'",
+                                 description=swift_learning.__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    swift_learning.add_arguments(learn_swift)
     from vllm_layerskip.tools import recommend as recommend_tool
 
     recommend = sub.add_parser(
@@ -66,12 +74,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "recommend":
         return recommend_tool.run_recommend(args)
 
-    if args.command in ("train-heads", "search", "draft-vocab"):
+    if args.command in ("train-heads", "search", "draft-vocab", "learn-swift-set"):
         from vllm_layerskip.tools.prepare_model import ensure_default_model
         from vllm_layerskip.tools.prompts import OWNED_PROMPTS
 
         args.model = args.model or ensure_default_model()
         args.prompts = args.prompts or str(OWNED_PROMPTS)
+
+    if args.command == "learn-swift-set":
+        return swift_learning.run_learn_swift_set(args)
 
     if args.command == "draft-vocab":
         draft_vocab.run_draft_vocab(args)

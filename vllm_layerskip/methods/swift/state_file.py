@@ -12,7 +12,7 @@
 
 `"shipped"` names the state shipped with the plugin for the running model
 (methods/swift/shipped/, found by the model's identity): a set learned offline
-(benchmarks/learn_swift_set.py). It is read, never written: SWIFT goes on from
+(`vllm-layerskip learn-swift-set`). It is read, never written: SWIFT goes on from
 it in memory.
 
 Sharing: each engine (and each data-parallel rank) loads the file once at

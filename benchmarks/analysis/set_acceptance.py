@@ -7,12 +7,12 @@ M and alpha per set and prompt group. Greedy drafts are deterministic, so one
 run says it; M hardly depends on the dtype, and float32 is the faster one for
 a 1.5B model on a CPU without AVX-512 (bench results 2026-11-26).
 
-    .venv/bin/python benchmarks/set_acceptance.py --model ~/.cache/vllm_layerskip/Qwen2.5-Coder-1.5B-Instruct \\
+    .venv/bin/python benchmarks/analysis/set_acceptance.py --model ~/.cache/vllm_layerskip/Qwen2.5-Coder-1.5B-Instruct \\
         --sets '{"skip_attn":[2,4],"skip_mlp":[3]}' '{"skip_attn":[5,6],"skip_mlp":[1]}' \\
         --groups learned:0:24 held_out:24:48
 
 Prompt groups are slices of the project's own prompts in the order
-learn_swift_set.py feeds them (categories taking turns); `spec_bench:N[:CAT,...]`
+`vllm-layerskip learn-swift-set` feeds them (categories taking turns); `spec_bench:N[:CAT,...]`
 takes the first N Spec-Bench questions of each category (first turns), as
 bench_methods.py picks them.
 """
@@ -25,9 +25,8 @@ import os
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchlib
+BENCHMARKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.dirname(BENCHMARKS), BENCHMARKS]  # the checkout, benchlib
 
 
 def prompt_groups(specs: list[str]) -> dict[str, list[str]]:

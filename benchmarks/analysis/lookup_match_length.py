@@ -26,7 +26,7 @@ exactly the tokens that will be accepted. Each prints its speedup over plain dec
 model: what the copies can gain at all at that verify cost. (The rates are the
 replay's own, in sample: a bound, not a forecast.)
 
-    .venv/bin/python benchmarks/lookup_match_length.py benchmarks/results/2026-11-29/bench_20261129-015007.json \\
+    .venv/bin/python benchmarks/analysis/lookup_match_length.py benchmarks/results/2026-11-29/bench_20261129-015007.json \\
         --model ~/.cache/vllm_layerskip/Qwen2.5-Coder-1.5B-Instruct --k 8 --token-cost 0.25 0.45
 """
 
@@ -40,7 +40,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCHMARKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.dirname(BENCHMARKS), BENCHMARKS]  # the checkout, benchlib
 
 from vllm_layerskip.core.lookup import find_continuation  # noqa: E402
 from vllm_layerskip.tools.prompts import benchmark_dataset  # noqa: E402

@@ -7,7 +7,7 @@ a pass reads them from memory, as a draft pass does, not from the caches.
 Milliseconds for the whole pass; the figures in core/draft_weights.py and
 docs/draft-weights.md. About 2 minutes and 4 GB.
 
-    .venv/bin/python benchmarks/bench_draft_linears.py
+    .venv/bin/python benchmarks/kernels/bench_draft_linears.py
 """
 
 from __future__ import annotations

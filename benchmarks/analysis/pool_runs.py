@@ -2,7 +2,7 @@
 over plain from every question any of the runs timed, with a paired bootstrap
 interval, and the 0.95x floor check on the pooled figures.
 
-    python benchmarks/pool_runs.py benchmarks/results/bench_A.json benchmarks/results/bench_B.json
+    python benchmarks/analysis/pool_runs.py benchmarks/results/bench_A.json benchmarks/results/bench_B.json
 
 Why: at 5 questions per category a single run's lowest category sits at the noise
 floor (two plain engines differ by up to ~5% in a category), so the minimum over
@@ -20,7 +20,7 @@ import os
 import re
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchlib
 
 from benchlib.figures import ALL, paired_blocks, speedup_intervals  # noqa: E402
 from benchlib.report import SPEEDUP_FLOOR  # noqa: E402

@@ -1,0 +1,164 @@
+"""The benchmarks a user runs (benchmarks/*.py, benchmarks/analysis/,
+benchmarks/kernels/): each one's --help exits 0, and where a benchmark renders
+a run from saved figures, that part runs on a tiny synthetic input. No engine
+starts and nothing is timed: speed figures come from the benchmarks, never from
+tests."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+from unittest import mock
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))  # benchlib
+
+# The maintained benchmarks at benchmarks/ top level (benchmarks/README.md).
+MAINTAINED = ("bench_methods", "bench_interleaved", "bench_serve", "bench_step_cost",
+              "bench_engine_startup", "load_test", "bench_memory_bandwidth",
+              "draft_pass_breakdown")
+TOOLS = ("analysis/pool_runs", "analysis/lookup_match_length", "analysis/set_acceptance",
+         "kernels/bench_draft_linears")
+
+
+@pytest.fixture
+def isolated(monkeypatch):
+    """A benchmark sets environment variables and sys.path as it is imported
+    (draft_pass_breakdown.py runs vLLM in-process, for one): none of it leaks
+    into the tests that follow."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    with mock.patch.dict(os.environ):
+        yield
+
+
+def load(script: str) -> ModuleType:
+    """benchmarks/<script>.py imported as a module of its own name."""
+    name = "smoke_" + script.replace("/", "_")
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{script}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("script", MAINTAINED + TOOLS)
+def test_help_exits_0(script, isolated, monkeypatch, capsys):
+    module = load(script)
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", "--help"])
+    with pytest.raises(SystemExit) as stop:
+        module.main()
+    assert stop.value.code == 0
+    assert capsys.readouterr().out.startswith("usage:")
+
+
+def test_every_maintained_benchmark_is_there():
+    assert all((BENCHMARKS / f"{script}.py").is_file() for script in MAINTAINED + TOOLS)
+
+
+def test_bench_interleaved_renders_a_saved_run_again(tmp_path, isolated):
+    """--from-json: the table (and plot) of a run's .json, no engine. Two cycles:
+    drafting on makes 120 tokens in 10 s, paused and paused again 100."""
+    bench = load("bench_interleaved")
+
+    def span(mode, cycle, tokens, drafted=0):
+        return {"method": "swift", "mode": mode, "cycle": cycle, "at": 30.0 * cycle,
+                "steps": 13, "seconds": 10.0, "tokens": tokens, "decode_seconds": 9.0,
+                "decode_tokens": tokens - 4, "step_seconds": [0.5] * 12 + [4.0],
+                "step_prefill": [False] * 12 + [True], "self_drafted": drafted,
+                "self_accepted": drafted // 2, "copied": 0, "copied_accepted": 0}
+
+    spans = [span(mode, cycle, tokens, drafted)
+             for cycle in range(2)
+             for mode, tokens, drafted in ((bench.ON, 120, 40), (bench.PAUSED, 100, 0),
+                                           (bench.AGAIN, 100, 0))]
+    run = tmp_path / "interleaved_test.json"
+    run.write_text(json.dumps({"methods": {"swift": {}}, "spans": spans}))
+    (tmp_path / "interleaved_test.md").write_text("# the run's header\n\n| method | old table |\n")
+    bench.rerender(str(run))
+    text = (tmp_path / "interleaved_test.md").read_text()
+    assert text.startswith("# the run's header\n\n| method | mode |")
+    on = next(line for line in text.splitlines() if "| drafting on |" in line)
+    assert on.startswith("| swift | drafting on | 2 | 26 | 12.00 | 1.20 (1.20-1.20) |")
+    assert "| 80 (40) | 0 (0) |" in on
+    again = next(line for line in text.splitlines() if "A/A control" in line)
+    assert "| 1.00 (1.00-1.00) |" in again
+
+
+def test_bench_methods_report_renders_from_synthetic_turns(tmp_path, isolated):
+    """What bench_methods.py does with its turns once the engines are gone:
+    parity, sums, paired intervals, the markdown report and the CSV."""
+    bench = load("bench_methods")
+    from benchlib import figures, report
+    from benchlib.configs import Config
+    from benchlib.workloads import Workload
+
+    args = bench.parse_args(["--quick", "--methods", "plain", "layer_skip"])
+    workload = Workload.parse("1:0")
+    cats = ["coding", "writing"]
+    turns = []
+    for block in range(4):
+        cat = cats[block % 2]
+        for config, family, seconds, drafts in (("plain", "plain", 4.0, 0),
+                                                ("layer_skip", "plugin", 2.0, 10)):
+            turns.append({
+                "group": 0, "workload": workload.label, "block": block, "category": cat,
+                "config": config, "family": family, "temperature": 0.0,
+                "questions": [block], "token_ids": [[1, 2, 3]], "num_tokens": 32,
+                "num_requests": 1, "steps": 32 - 2 * drafts, "seconds": seconds,
+                "counters": {"drafts": drafts, "draft_tokens": 4 * drafts,
+                             "accepted": 2 * drafts, "accepted_per_pos": [drafts, drafts],
+                             "hist": {"decode_time": (seconds - 0.5, 1), "itl": (seconds - 0.5, 31)}},
+                "stats": {"draft_seconds": 0.2 * drafts, "num_forward_steps": 4 * drafts,
+                          "num_proposals": 32 - 2 * drafts} if drafts else {},
+            })
+    figures.check_parity(turns)
+    rows = figures.derive(figures.aggregate(turns), {}, figures.speedup_intervals(turns))
+    configs = [Config("plain", "plain", None, family="plain"),
+               Config("layer_skip", "layer_skip", {"method": "layer_skip"})]
+    info = {"model": "/models/Tiny", "date": "2026-01-01T00:00:00", "cpu": "a CPU",
+            "cpu_count": 2, "cpu_vector_isa": "AVX2 (no AVX-512)", "memory_gib": 8.0,
+            "vllm": "0.32.0", "torch": "2", "LD_PRELOAD": "", "VLLM_CPU_KVCACHE_SPACE": "1",
+            "load_average_at_start": (0.5, 0.5, 0.5), "command": "bench_methods.py --quick",
+            "platform": "Linux"}
+    text = report.markdown(args, info, [(workload, [])], configs, rows, [], {}, {}, [], cats,
+                           2, 1)
+    assert text.startswith("# Speculative decoding methods, Tiny")
+    overall = next(line for line in text.splitlines() if line.startswith("| layer_skip | 16.0 |"))
+    assert "| 2.00 | 2.00-2.00 |" in overall and overall.endswith("| yes |")
+    assert "| layer_skip | 2.00 (coding, 2.00-2.00) | 2/2 | 2/2 | none |" in text  # floor check
+    report.write_csv(str(tmp_path / "run.csv"), rows, info)
+    lines = (tmp_path / "run.csv").read_text().splitlines()
+    assert lines[0] == "# date: 2026-01-01T00:00:00"
+    assert len([line for line in lines if not line.startswith("#")]) == 1 + len(rows)
+
+
+def test_bench_serve_builds_vllms_own_commands(isolated):
+    bench = load("bench_serve")
+    args = bench.parse_args(["--quick", "--methods", "plain", "swift", "--category", "coding"])
+    assert (args.num_prompts, args.output_len) == (8, 32)
+    spec = {"method": "swift", "num_speculative_tokens": 4}
+    serve = bench.server_command(args, "/models/m", 8311, spec)
+    assert serve[1:3] == ["serve", "/models/m"] and json.loads(serve[-1]) == spec
+    assert "--speculative-config" not in bench.server_command(args, "/models/m", 8310, None)
+    client = bench.bench_command(args, "/models/m", 8311, "q.jsonl", "out", "swift", seed=2)
+    assert client[1:3] == ["bench", "serve"]
+    for flag, value in (("--num-prompts", "8"), ("--seed", "2"), ("--spec-bench-category", "coding"),
+                        ("--base-url", "http://127.0.0.1:8311")):
+        assert client[client.index(flag) + 1] == value
+
+
+def test_load_test_report_names_a_server_that_failed(isolated):
+    bench = load("load_test")
+    meta = {"date": "2026-01-01", "command": "load_test.py --quick", "model_name": "Tiny",
+            "max_model_len": 1024, "requests": 16, "max_tokens": 40, "long": 1, "cancel": 2,
+            "machine": "2 cores"}
+    text = bench.markdown([{"name": "swift", "ok": False, "problems": ["did not start"]}], meta)
+    assert text.startswith("# Serving under load (2026-01-01)")
+    assert "| swift | failed: did not start |" in text
+    assert "Problems:\n- swift: did not start" in text
