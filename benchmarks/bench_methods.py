@@ -60,6 +60,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--methods", nargs="+", choices=METHODS, default=list(DEFAULT_METHODS),
                    help="plain always runs. Methods that cannot run here (dependency missing, "
                         "not in this plugin version, GPU-only) are listed as skipped, with why")
+    p.add_argument("--draft-model", default=None, metavar="DIR",
+                   help="the draft of --methods draft_model (default: Qwen2.5-Coder-0.5B-Instruct "
+                        "as `vllm-layerskip prepare-model qwen2.5-coder-0.5b` caches it; it "
+                        "drafts for Qwen2.5-Coder-1.5B: same vocabulary); its K is --k")
     p.add_argument("--dataset-path", default=None,
                    help="Spec-Bench's question.jsonl (default: $SPEC_BENCH_QUESTIONS, or beside the "
                         "checkout; without either, the project's own prompts, with a notice)")

@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 PLUGIN_METHODS = ("layer_skip", "swift", "clasp", "self_sd", "adadecode")
 # vLLM's own methods that need no trained draft (model, heads or EAGLE layers).
 NATIVE_METHODS = ("ngram", "suffix", "ngram_gpu")
+# vLLM's methods that draft with a second, smaller model of the target's vocabulary
+# (--draft-model; by default Qwen2.5-Coder-0.5B-Instruct, for Qwen2.5-Coder-1.5B).
+DRAFT_MODEL_METHODS = ("draft_model",)
 # What --methods accepts. swift_initial: layer_skip with SWIFT's starting set,
 # to see what SWIFT's optimizer adds on top of it. clasp_uniform / self_sd_uniform:
 # layer_skip with an evenly spread set of the same size as CLaSp's (whole layers)
@@ -25,11 +28,16 @@ NATIVE_METHODS = ("ngram", "suffix", "ngram_gpu")
 # plain_control: a second plain engine, an A/A control: its "speedup" over plain
 # shows how far two identical engines drift apart on this machine.
 MATCHED_UNIFORM = ("swift_initial", "clasp_uniform", "self_sd_uniform")
-METHODS = ("plain", "plain_control", *NATIVE_METHODS, "layer_skip", "swift_initial",
-           "swift", "clasp", "clasp_uniform", "self_sd", "self_sd_uniform", "adadecode")
+METHODS = ("plain", "plain_control", *NATIVE_METHODS, *DRAFT_MODEL_METHODS, "layer_skip",
+           "swift_initial", "swift", "clasp", "clasp_uniform", "self_sd", "self_sd_uniform",
+           "adadecode")
 # ngram_gpu is vLLM's GPU-tensor ngram: on a CPU it fails at start-up (it
-# allocates pinned memory), so it runs only when asked for.
-DEFAULT_METHODS = tuple(m for m in METHODS if m not in ("ngram_gpu", "swift_initial"))
+# allocates pinned memory), so it runs only when asked for. draft_model too: it
+# needs a second model prepared (and ~1.5 GiB more memory for the 0.5B in bf16).
+DEFAULT_METHODS = tuple(m for m in METHODS if m not in ("ngram_gpu", "swift_initial",
+                                                        *DRAFT_MODEL_METHODS))
+# The draft_model's draft unless --draft-model says otherwise: a prepare-model name.
+DEFAULT_DRAFT_MODEL = "qwen2.5-coder-0.5b"
 # The options that run a method with the file the plugin ships for the model.
 SHIPPED_FILE_OPTIONS = {"self_sd": {"profile": "shipped"}, "adadecode": {"heads": "shipped"}}
 
@@ -40,7 +48,9 @@ class Config:
     method: str  # "plain" or a speculative method
     spec: dict | None = None  # vLLM speculative_config (None: plain decoding)
     skip_reason: str | None = None  # set: cannot run here, no engine
-    family: str = "plugin"  # "plain" | "control" (a second plain engine) | "vllm" | "plugin"
+    # "plain" | "control" (a second plain engine) | "vllm" | "vllm_model" (vLLM's, drafting
+    # with a second model: no "no model forward" projection) | "plugin"
+    family: str = "plugin"
     extra: dict = field(default_factory=dict)  # e.g. the skip set, for the projection
 
     @property
@@ -73,6 +83,14 @@ def build_configs(args, model_path: str) -> list[Config]:
             "method": "ngram_gpu", "num_speculative_tokens": k,
             "prompt_lookup_max": 4, "prompt_lookup_min": 2}),
             skip_reason=gpu_only_skip_reason("ngram_gpu"), family="vllm"))
+    if "draft_model" in wanted:
+        draft = getattr(args, "draft_model", None) or default_draft_model_path()
+        configs.append(Config("draft_model " + os.path.basename(os.path.normpath(draft)),
+                              "draft_model", spec_for("draft_model", {
+                                  "method": "draft_model", "model": draft,
+                                  "num_speculative_tokens": k}),
+                              skip_reason=draft_model_skip_reason(model_path, draft),
+                              family="vllm_model"))
 
     available = plugin_methods_available()
     num_layers = model_num_layers(model_path)
@@ -196,15 +214,78 @@ def plugin_methods_available() -> tuple[str, ...]:
 
 
 def suffix_skip_reason() -> str | None:
-    """vLLM's suffix decoding needs Snowflake's arctic-inference package."""
-    from vllm.utils.import_utils import has_arctic_inference
+    """vLLM's suffix decoding imports Snowflake's arctic_inference.suffix_decoding;
+    the full package also registers a vLLM plugin, which would patch every engine
+    of the run (plain's and the plugin's too)."""
+    if not has_arctic_inference():
+        return ("needs arctic-inference's suffix tree (arctic_inference.suffix_decoding), "
+                "not installed: `bash scripts/install_suffix.sh` builds it on this CPU from "
+                "the 0.3.0 source package (C++ only, without the package's vLLM plugin)")
+    plugins = arctic_plugin_entry_points()
+    if plugins:
+        return (f"the installed arctic-inference registers a vLLM plugin ({', '.join(plugins)}) "
+                "that patches vLLM in every engine of the run, plain's included: reinstall it "
+                "with `bash scripts/install_suffix.sh` (the suffix tree alone, no plugin)")
+    return None
 
-    if has_arctic_inference():
+
+def has_arctic_inference() -> bool:
+    from vllm.utils.import_utils import has_arctic_inference as has
+
+    return has()
+
+
+def arctic_plugin_entry_points() -> list[str]:
+    """The vllm.general_plugins entry points arctic-inference declares."""
+    from importlib.metadata import entry_points
+
+    return sorted(f"{e.name} = {e.value}" for e in entry_points(group="vllm.general_plugins")
+                  if e.value.startswith("arctic_inference")
+                  or (e.dist is not None and e.dist.name.replace("_", "-") == "arctic-inference"))
+
+
+def default_draft_model_path() -> str:
+    """Where `vllm-layerskip prepare-model qwen2.5-coder-0.5b` puts the default
+    draft (nothing is prepared here: a missing draft is a skip reason)."""
+    from vllm_layerskip.tools.prepare_model import cache_root, known_model
+
+    return os.path.join(cache_root(), known_model(DEFAULT_DRAFT_MODEL).directory)
+
+
+def draft_model_skip_reason(target_path: str, draft_path: str) -> str | None:
+    """Why vLLM's draft_model cannot run with this draft for this target: the
+    draft is missing, or its vocabulary is not the target's (vLLM verifies the
+    draft's token ids with the target's tokenizer)."""
+    if not os.path.isfile(os.path.join(draft_path, "config.json")):
+        how = (f"prepare it with `vllm-layerskip prepare-model {DEFAULT_DRAFT_MODEL}` (or "
+               "`LAYERSKIP_PEERS=1 bash scripts/install.sh`)"
+               if draft_path == default_draft_model_path() else "check --draft-model")
+        return f"no draft model at {draft_path}: {how}"
+    target_vocab = model_config(target_path).get("vocab_size")
+    draft_vocab = model_config(draft_path).get("vocab_size")
+    if target_vocab != draft_vocab:
+        return (f"the draft {os.path.basename(os.path.normpath(draft_path))} has a vocabulary "
+                f"of {draft_vocab} tokens, the target {target_vocab}: vLLM's draft_model needs "
+                "the target's vocabulary (the default draft is for Qwen2.5-Coder-1.5B)")
+    target_tokens, draft_tokens = tokenizer_vocab(target_path), tokenizer_vocab(draft_path)
+    if target_tokens is not None and draft_tokens is not None and target_tokens != draft_tokens:
+        differ = sorted(set(target_tokens.items()) ^ set(draft_tokens.items()))[:3]
+        return (f"the draft's tokenizer maps tokens to other ids than the target's (e.g. "
+                f"{differ}): vLLM's draft_model needs the target's vocabulary")
+    return None
+
+
+def tokenizer_vocab(model_path: str) -> dict | None:
+    """token -> id of a checkpoint's tokenizer.json (its added tokens included),
+    or None without one."""
+    path = os.path.join(model_path, "tokenizer.json")
+    if not os.path.isfile(path):
         return None
-    return ("needs the arctic-inference package, which is not installed: its only "
-            "release vLLM 0.32 accepts (0.1.1) is a source package that builds C++/CUDA "
-            "ops against torch==2.7.0 (no wheel for this CPU/torch 2.13 stack), and it "
-            "registers a vLLM plugin that patches vLLM in every process of the venv")
+    with open(path) as f:
+        tok = json.load(f)
+    vocab = dict((tok.get("model") or {}).get("vocab") or {})
+    vocab.update({t["content"]: t["id"] for t in tok.get("added_tokens", [])})
+    return vocab
 
 
 def gpu_only_skip_reason(method: str) -> str | None:

@@ -479,3 +479,97 @@ def test_interleaved_refuses_ngram_beside_other_methods_before_starting_anything
     monkeypatch.setattr(sys, "argv", ["bench_interleaved.py", "--methods", "ngram", "swift"])
     with pytest.raises(SystemExit, match="--methods ngram runs alone: start it in a run of its own"):
         bench_interleaved.main()
+
+
+# --- vLLM's own peers: draft_model (a second model) and suffix (arctic-inference) ---
+
+
+def _checkpoint(path, vocab_size, vocab=None):
+    """A checkpoint directory as configs.py reads it: config.json, tokenizer.json."""
+    import json
+
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"num_hidden_layers": 4,
+                                                  "vocab_size": vocab_size}))
+    if vocab is not None:
+        (path / "tokenizer.json").write_text(json.dumps({
+            "model": {"vocab": vocab}, "added_tokens": [{"id": len(vocab), "content": "<|e|>"}]}))
+    return str(path)
+
+
+def _peer_configs(target, *argv):
+    from bench_methods import parse_args
+    from benchlib.configs import build_configs
+
+    return {c.method: c for c in build_configs(parse_args(["--k", "4", *argv]), target)}
+
+
+def test_draft_model_runs_the_given_draft_at_k_beside_ngram(tmp_path):
+    from benchlib.configs import DEFAULT_METHODS, METHODS
+
+    vocab = {"a": 0, "b": 1}
+    target = _checkpoint(tmp_path / "target", 3, vocab)
+    draft = _checkpoint(tmp_path / "draft", 3, dict(vocab))
+    configs = _peer_configs(target, "--methods", "ngram", "draft_model", "--draft-model", draft)
+    row = configs["draft_model"]
+    assert row.runs and row.name == "draft_model draft" and row.family == "vllm_model"
+    assert row.spec == {"method": "draft_model", "model": draft, "num_speculative_tokens": 4}
+    assert configs["ngram"].spec["num_speculative_tokens"] == 4 and configs["ngram"].family == "vllm"
+    # Its K from --method-options, as every method's.
+    configs = _peer_configs(target, "--methods", "draft_model", "--draft-model", draft,
+                            "--method-options", '{"draft_model": {"num_speculative_tokens": 3}}')
+    assert configs["draft_model"].spec["num_speculative_tokens"] == 3
+    # Asked for only: it needs a second model prepared.
+    assert "draft_model" in METHODS and "draft_model" not in DEFAULT_METHODS
+
+
+def test_draft_model_defaults_to_the_prepared_qwen_0_5b(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_LAYERSKIP_CACHE", str(tmp_path / "cache"))
+    target = _checkpoint(tmp_path / "target", 151936)
+    row = _peer_configs(target, "--methods", "draft_model")["draft_model"]
+    where = str(tmp_path / "cache" / "Qwen2.5-Coder-0.5B-Instruct")
+    assert row.spec["model"] == where and row.name == "draft_model Qwen2.5-Coder-0.5B-Instruct"
+    assert row.skip_reason == (f"no draft model at {where}: prepare it with `vllm-layerskip "
+                               "prepare-model qwen2.5-coder-0.5b` (or `LAYERSKIP_PEERS=1 bash "
+                               "scripts/install.sh`)")
+    (tmp_path / "cache").mkdir()
+    _checkpoint(tmp_path / "cache" / "Qwen2.5-Coder-0.5B-Instruct", 151936)
+    assert _peer_configs(target, "--methods", "draft_model")["draft_model"].runs
+    # A draft given by hand that is not there.
+    row = _peer_configs(target, "--methods", "draft_model", "--draft-model",
+                        str(tmp_path / "none"))["draft_model"]
+    assert row.skip_reason == f"no draft model at {tmp_path / 'none'}: check --draft-model"
+
+
+def test_draft_model_refuses_a_draft_of_another_vocabulary(tmp_path):
+    # SmolLM2 (49152 tokens) cannot take Qwen's 0.5B (151936) as its draft.
+    target = _checkpoint(tmp_path / "smollm2", 49152)
+    draft = _checkpoint(tmp_path / "qwen", 151936)
+    row = _peer_configs(target, "--methods", "draft_model", "--draft-model", draft)["draft_model"]
+    assert row.skip_reason.startswith("the draft qwen has a vocabulary of 151936 tokens, the "
+                                      "target 49152: vLLM's draft_model needs the target's")
+    # Same size, other ids.
+    target = _checkpoint(tmp_path / "t2", 3, {"a": 0, "b": 1})
+    draft = _checkpoint(tmp_path / "d2", 3, {"a": 1, "b": 0})
+    row = _peer_configs(target, "--methods", "draft_model", "--draft-model", draft)["draft_model"]
+    assert row.skip_reason.startswith("the draft's tokenizer maps tokens to other ids than the "
+                                      "target's (e.g. [('a', 0), ('a', 1)")
+
+
+def test_suffix_runs_only_with_the_suffix_tree_and_no_arctic_plugin(tmp_path, monkeypatch):
+    from benchlib import configs
+
+    target = _checkpoint(tmp_path / "target", 3)
+    monkeypatch.setattr(configs, "has_arctic_inference", lambda: False)
+    row = _peer_configs(target, "--methods", "suffix")["suffix"]
+    assert row.spec == {"method": "suffix", "num_speculative_tokens": 4} and row.family == "vllm"
+    assert "not installed: `bash scripts/install_suffix.sh` builds it" in row.skip_reason
+    monkeypatch.setattr(configs, "has_arctic_inference", lambda: True)
+    monkeypatch.setattr(configs, "arctic_plugin_entry_points", lambda: [
+        "arctic_inference = arctic_inference.vllm.plugin:arctic_inference_plugin"])
+    row = _peer_configs(target, "--methods", "suffix")["suffix"]
+    assert row.skip_reason.startswith(
+        "the installed arctic-inference registers a vLLM plugin (arctic_inference = "
+        "arctic_inference.vllm.plugin:arctic_inference_plugin) that patches vLLM in every engine")
+    monkeypatch.setattr(configs, "arctic_plugin_entry_points", lambda: [])
+    assert _peer_configs(target, "--methods", "suffix")["suffix"].runs
