@@ -440,8 +440,7 @@ def summarize(row: dict, requests: list[Request], reference: dict | None, max_mo
                 drafting["drafting_fraction"] = status["cost_model"]["drafting_fraction"]
             clasp = status.get("clasp")
             if clasp and clasp["dp_runs"]:
-                drafting["dp"] = {k: clasp[k] for k in (
-                    "background", "dp_runs", "dp_seconds_per_run", "mean_mask_delay_steps")}
+                drafting["dp"] = {k: clasp[k] for k in ("dp_runs", "dp_seconds_per_run")}
 
     latencies = [o["latency_s"] for o in done if o["latency_s"] is not None]
     ttfts = [o["ttft_s"] for o in outcomes if o["ttft_s"] is not None]
@@ -501,12 +500,8 @@ def markdown(summaries: list[dict], meta: dict) -> str:
         drafted = f"{d['proposed']}/{d['verified']}" if d else "-"
         drafting_steps = fmt(d.get("drafting_fraction"), ".0%")
         if d.get("dp"):
-            dp_notes.append(
-                f"{s['name']}: {d['dp']['dp_runs']} DP runs "
-                f"({'background thread' if d['dp']['background'] else 'engine thread'}), "
-                f"{d['dp']['dp_seconds_per_run']:.2f} s per run"
-                + (f", mask adopted {d['dp']['mean_mask_delay_steps']:.1f} steps after launch"
-                   if d['dp']['mean_mask_delay_steps'] is not None else ""))
+            dp_notes.append(f"{s['name']}: {d['dp']['dp_runs']} DP runs, "
+                            f"{d['dp']['dp_seconds_per_run']:.2f} s per run")
         malformed = s["malformed_statuses"]
         ok_4xx = sum(400 <= v < 500 for v in malformed.values())
         lines.append(
@@ -538,8 +533,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--options", type=json.loads, default={},
                         help='JSON of extra speculative-config keys per server name, e.g. '
                         '\'{"clasp": {"max_dp_requests": 4}}\'; a name that is not a method '
-                        'names its method: \'{"clasp_sync": {"method": "clasp", '
-                        '"background_dp": false}}\' with --methods ...,clasp_sync')
+                        'names its method: \'{"clasp_m8": {"method": "clasp", '
+                        '"num_skip_layers": 8}}\' with --methods ...,clasp_m8')
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--quick", action="store_true", help="16 requests, 1 long prompt")
     parser.add_argument("--max-tokens", type=int, default=40)

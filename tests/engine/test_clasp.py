@@ -1,11 +1,9 @@
 """CLaSp in an engine: the layer-selection DP against exhaustive search on a
 real engine's layers, float32 greedy parity with plain vLLM while the DP
 re-chooses the mask every step, and that its masks beat an evenly spread set of
-the same size in acceptance on SmolLM2; the background DP (on a copy of the
-requests' K/V) against the engine's DP, with parity and a fault in its thread."""
+the same size in acceptance on SmolLM2; a failing DP run keeps serving."""
 
 import itertools
-import os
 
 import numpy as np
 import pytest
@@ -14,10 +12,7 @@ import torch.nn.functional as F
 from conftest import make_llm, owned_questions
 from vllm import SamplingParams
 
-from vllm_layerskip.methods.clasp.dp_snapshot import SnapshotTaker
-from vllm_layerskip.core.draft_engine import DraftRequests
 from vllm_layerskip.core.faults import ENV_VAR
-from vllm_layerskip.methods.clasp.layer_dp import clasp_dp
 from vllm_layerskip.core.measure import (
     chat_prompts,
     proposer_stats,
@@ -191,80 +186,3 @@ def test_dp_failure_keeps_serving(smollm2_path, plain, monkeypatch):
     assert clasp["dp_runs"] == clasp["steps"] - 1  # the DP went on after the failure
     assert counters.drafts > 50 and clasp["mask_changes"] > 5
 
-
-# ---- background DP: the copy gives the engine's result; a fault in the thread -
-
-SNAPSHOT_CHECKS = 3
-
-
-def _install_snapshot_check(worker):
-    """For the first snapshots the background DP gets: run the DP on the copy and
-    the engine's own DP (paged cache, vLLM's attention) on the same requests, on
-    the engine thread, and keep both results."""
-    drafter = worker.model_runner.drafter
-    search, engine = drafter.search, drafter.engine
-    search.snapshots = SnapshotTaker(engine.stack, search.options.max_dp_context)
-    take = search.snapshots.take
-    drafter.snapshot_checks = []
-
-    def checked(runner, rows, positions):
-        snapshot = take(runner, rows, positions)
-        if len(drafter.snapshot_checks) < SNAPSHOT_CHECKS:
-            n = len(rows)
-            requests = DraftRequests(rows, np.zeros(n, np.int64), positions + 1,
-                                     np.ones(n, np.int64), np.zeros(n))
-            # The check's DP calls must not count towards the injected fault
-            # (no job is in the thread while a snapshot is being taken).
-            fault = os.environ.pop(ENV_VAR, None)
-            try:
-                in_engine = search.run_dp(runner, engine, requests, np.arange(n))
-            finally:
-                if fault is not None:
-                    os.environ[ENV_VAR] = fault
-            with torch.inference_mode():
-                on_copy = clasp_dp(snapshot.layer, snapshot.x0, search.num_layers,
-                                   search.num_skip, search.protected)
-            drafter.snapshot_checks.append(dict(
-                requests=n, engine_set=in_engine.skipped, engine_score=in_engine.score,
-                copy_set=on_copy.skipped, copy_score=on_copy.score))
-        return snapshot
-
-    search.snapshots.take = checked
-
-
-def _snapshot_checks(worker):
-    return worker.model_runner.drafter.snapshot_checks
-
-
-def test_background_dp_matches_the_engine_dp_and_survives_a_fault(smollm2_path, plain,
-                                                                   monkeypatch):
-    # The engine reads the fault setting from the environment: the thread's 3rd run raises.
-    monkeypatch.setenv(ENV_VAR, "clasp.dp@3")
-    config = {**CLASP, "background_dp": True}
-    # vLLM's default process layout: how many runs the thread gets done depends
-    # on what shares its process (in the pytest process: 1 snapshot of 3).
-    llm = make_llm(smollm2_path, speculative_config=config, max_model_len=1024)
-    try:
-        llm.collective_rpc(_install_snapshot_check)
-        batch, single, counters = run_workload(llm)
-        checks = llm.collective_rpc(_snapshot_checks)[0]
-        clasp = proposer_stats(llm)["clasp"]
-    finally:
-        shutdown(llm)
-    assert batch == plain[0]
-    assert single == plain[1]
-    assert clasp["background"] and clasp["snapshot_bytes"] > 0, clasp
-    # The DP on the copied K/V (own layer code, torch attention) chooses what the
-    # engine's DP chooses, with the same objective value.
-    assert len(checks) == SNAPSHOT_CHECKS and max(c["requests"] for c in checks) > 1, checks
-    for c in checks:
-        assert c["copy_set"] == c["engine_set"], c
-        assert c["copy_score"] == pytest.approx(c["engine_score"], abs=1e-4), c
-    # The fault: reported with where it happened; the thread went on with the
-    # next runs, whose masks were adopted at later step boundaries.
-    assert "fault injected at 'clasp.dp'" in clasp["error"], clasp
-    assert "in the background thread" in clasp["error"], clasp
-    assert clasp["failures"] == 1 and not clasp["stopped"], clasp
-    assert clasp["dp_runs"] >= 3 and clasp["mask_changes"] >= 2, clasp
-    assert clasp["mean_mask_delay_steps"] >= 1, clasp  # adopted after launch, never before
-    assert counters.drafts > 50

@@ -1,6 +1,6 @@
 """CLaSp without an engine: the layer-selection DP against exhaustive search on
-random layers, the search's scheduling, time budget, background thread and
-failure handling on a fake engine."""
+random layers, the search's scheduling, time budget and failure handling on a
+fake engine; that an optimizer's background thread lets go of its owner."""
 
 import gc
 import itertools
@@ -162,27 +162,28 @@ def test_search_schedule_batch_objective_and_turns():
 
 
 def test_background_thread_does_not_keep_the_search_alive():
-    """The DP thread outlives its engine (it waits for jobs forever): it must not
-    hold the search, which holds the model, once the engine lets go of it."""
+    """An optimizer's thread (SWIFT's, core/background_worker.py) outlives its
+    engine (it waits for jobs forever): it must not hold the search, which holds
+    the model, once the engine lets go of it."""
 
     class Search:
-        def run(self, snapshot):
-            return snapshot * 2
+        def run(self, job):
+            return job * 2
 
     search = Search()
-    updater = BackgroundWorker(search.run, "test-dp", stop_on_error=False)
-    updater.submit(21)
+    worker = BackgroundWorker(search.run, "test-optimizer", stop_on_error=True)
+    worker.submit(21)
     deadline = time.monotonic() + 10
-    while (done := updater.take()) is None and time.monotonic() < deadline:
+    while (done := worker.take()) is None and time.monotonic() < deadline:
         time.sleep(0.01)
     assert done is not None and done.value == 42
     alive = weakref.ref(search)
     del search
     gc.collect()
     assert alive() is None
-    updater.submit(1)  # the thread sees the search is gone and ends
-    updater.thread.join(timeout=10)
-    assert not updater.thread.is_alive()
+    worker.submit(1)  # the thread sees the search is gone and ends
+    worker.thread.join(timeout=10)
+    assert not worker.thread.is_alive()
 
 
 def test_dp_waits_while_drafting_is_off():

@@ -1,5 +1,8 @@
 """Option parsing and skip-mask construction (pure functions, no engine)."""
 
+import dataclasses
+import logging
+
 import pytest
 
 from vllm_layerskip.core.errors import LayerSkipConfigError
@@ -115,6 +118,51 @@ def test_clasp_defaults_follow_the_paper():
     assert options.draft_confidence_threshold == 0.7  # the draft-exiting threshold
     assert ClaspOptions(skip_ratio=0.4).num_skipped(30) == 12
     assert ClaspOptions(num_skip_layers=9).num_skipped(30) == 9
+
+
+class _Warnings(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture
+def plugin_warnings():
+    handler, logger = _Warnings(), logging.getLogger("vllm.layerskip")
+    logger.addHandler(handler)
+    try:
+        yield handler.lines
+    finally:
+        logger.removeHandler(handler)
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_removed_background_dp_is_accepted_with_one_warning(plugin_warnings, value):
+    _, options, rest = split_speculative_config(
+        {"method": "clasp", "num_skip_layers": 8, "background_dp": value}, VLLM_KEYS)
+    assert "background_dp" not in rest
+    assert plugin_warnings == [
+        "vllm-layerskip clasp: 'background_dp' was removed and is ignored: the DP now "
+        "always runs in the engine step. Remove it from the speculative config; the next "
+        "release refuses it."]
+    # Nothing else about the options changes.
+    assert dataclasses.replace(options, background_dp=None) == ClaspOptions(num_skip_layers=8)
+
+
+def test_removed_clasp_keys_together_get_one_warning(plugin_warnings):
+    split_speculative_config(
+        {"method": "clasp", "background_dp": True, "max_dp_context": 512}, VLLM_KEYS)
+    assert plugin_warnings == [
+        "vllm-layerskip clasp: 'background_dp' and 'max_dp_context' were removed and are "
+        "ignored: the DP now always runs in the engine step. Remove them from the "
+        "speculative config; the next release refuses them."]
+    split_speculative_config({"method": "clasp"}, VLLM_KEYS)
+    assert len(plugin_warnings) == 1  # none without them
+    with pytest.raises(LayerSkipConfigError, match="'background_dp' must be true or false"):
+        split_speculative_config({"method": "clasp", "background_dp": "yes"}, VLLM_KEYS)
 
 
 def test_split_keeps_vllm_keys_for_vllm():

@@ -77,7 +77,7 @@ def _validate_for_target(method: str, options: Any, raw: dict, target_model_conf
             "and ranks that skip different layers hang in their all-reduce. Use "
             f"tensor_parallel_size=1, or method {others}."
         )
-    # Options that depend on the parallel layout (e.g. clasp's background_dp).
+    # Options that depend on the parallel layout (a method's validate_for_parallelism).
     options.validate_for_parallelism(tp)
     check_model_supported(target_model_config)
     options.validate_for_model(model_identity(target_model_config))

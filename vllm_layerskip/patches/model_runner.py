@@ -27,18 +27,12 @@
    gives (with one row per request the runner reads the output as plain
    decoding's), and seeded requests draw their random numbers as plain
    decoding does.
-4. `GPUModelRunner.execute_model` and `sample_tokens`: when the drafter has a
-   `model_gate` (CLaSp's background DP thread), they run holding it, so the
-   thread's layer calls never overlap the engine's use of vLLM's kernels
-   (model_gate.py says why). Without one they are vLLM's own. For a
-   layer-skip drafter, `sample_tokens` also attaches the step's drafts to its
-   output, which saves the engine core a call to the worker per step
-   (patches/engine_core.py).
+4. `GPUModelRunner.sample_tokens`: for a layer-skip drafter it attaches the
+   step's drafts to its output, which saves the engine core a call to the
+   worker per step (patches/engine_core.py). Otherwise it is vLLM's own.
 """
 
 from __future__ import annotations
-
-from contextlib import nullcontext
 
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
@@ -99,19 +93,8 @@ def _sample(self, logits, spec_decode_metadata):
     return call_original(GPUModelRunner, "_sample")(self, logits, spec_decode_metadata)
 
 
-def _model_gate(runner):
-    gate = getattr(getattr(runner, "drafter", None), "model_gate", None)
-    return nullcontext() if gate is None else gate.engine()
-
-
-def execute_model(self, *args, **kwargs):
-    with _model_gate(self):
-        return call_original(GPUModelRunner, "execute_model")(self, *args, **kwargs)
-
-
 def sample_tokens(self, *args, **kwargs):
-    with _model_gate(self):
-        output = call_original(GPUModelRunner, "sample_tokens")(self, *args, **kwargs)
+    output = call_original(GPUModelRunner, "sample_tokens")(self, *args, **kwargs)
     if _has_layerskip_drafter(self) and isinstance(output, ModelRunnerOutput):
         # This step's drafts, handed to the engine core with the output
         # (patches/engine_core.py says why).
@@ -121,7 +104,6 @@ def sample_tokens(self, *args, **kwargs):
 
 def patches() -> list[Patch]:
     return [
-        Patch(GPUModelRunner, "execute_model", execute_model),
         Patch(GPUModelRunner, "sample_tokens", sample_tokens),
         Patch(GPUModelRunner, "_input_fits_in_drafter", _input_fits_in_drafter),
         Patch(GPUModelRunner, "_sample", _sample),

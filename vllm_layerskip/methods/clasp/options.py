@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from vllm_layerskip.core.errors import LayerSkipConfigError
@@ -12,6 +13,11 @@ from vllm_layerskip.core.options import (
     check_int,
     check_share,
 )
+
+logger = logging.getLogger("vllm.layerskip")
+
+# Keys of removed features, accepted (with a warning) for one release.
+REMOVED_KEYS = ("background_dp", "max_dp_context")
 
 
 @dataclass(frozen=True)
@@ -40,22 +46,17 @@ class ClaspOptions(DraftingOptions):
     max_dp_requests: int = 8
     """Most running requests whose last tokens enter one DP run; with more
     running, they take turns. The DP's cost grows linearly with this."""
-    background_dp: bool | None = None
-    """Run the DP in a background thread on a copy of the requests' KV prefix,
-    off the decoding path; the new mask takes effect at the first step after
-    it is ready. Off by default (None = false) until it has passed the serving
-    load test. Under tensor parallelism the DP's layer calls are collectives
-    that every rank must issue in the same order, so it runs on the engine
-    thread there (true is refused)."""
     max_optimizer_share: float = 0.01
     """Most of the engine's busy time the DP may take (token bucket, as SWIFT's
     `max_optimizer_share`): a due run that would exceed it waits. The DP's cost
     grows with the requests it covers; uncapped it took 10% of the time at 8
     concurrent requests here. 1 = every due run goes ahead (the paper)."""
-    max_dp_context: int = 2048
-    """Background DP: most recent positions per request whose K/V are copied
-    for a run (older ones are not attended to). Bounds the copy's time and
-    memory: per position, 2 * layers * kv_heads * head_size values."""
+    background_dp: bool | None = None
+    """Removed (the DP runs in the engine step, always): accepted, with a
+    warning, for one release, and ignored."""
+    max_dp_context: int | None = None
+    """Removed with `background_dp`, whose K/V copies it bounded: accepted,
+    with a warning, for one release, and ignored."""
 
     def __post_init__(self):
         super().__post_init__()
@@ -80,19 +81,19 @@ class ClaspOptions(DraftingOptions):
         check_int("protect_first_layers", self.protect_first_layers, minimum=0, unit="layers")
         check_int("protect_last_layers", self.protect_last_layers, minimum=0, unit="layers")
         check_int("max_dp_requests", self.max_dp_requests, minimum=1, unit="requests")
+        check_share("max_optimizer_share", self.max_optimizer_share)
+        self._warn_about_removed_keys()
+
+    def _warn_about_removed_keys(self) -> None:
+        """Old configs that name `background_dp` (the DP on a background thread,
+        removed) or its `max_dp_context` start, with one warning."""
         if self.background_dp is not None:
             check_bool("background_dp", self.background_dp)
-        check_int("max_dp_context", self.max_dp_context, minimum=1, unit="positions")
-        check_share("max_optimizer_share", self.max_optimizer_share)
-
-    def validate_for_parallelism(self, tensor_parallel_size: int) -> None:
-        if tensor_parallel_size > 1 and self.background_dp:
-            raise LayerSkipConfigError(
-                f"'background_dp' cannot be true with tensor_parallel_size="
-                f"{tensor_parallel_size}: the DP's layer calls all-reduce across ranks "
-                "and must run on every rank's engine thread in the same order. Leave "
-                "'background_dp' unset (or false) to run the DP synchronously."
-            )
+        if self.max_dp_context is not None:
+            check_int("max_dp_context", self.max_dp_context, minimum=1, unit="positions")
+        given = [key for key in REMOVED_KEYS if getattr(self, key) is not None]
+        if given:
+            logger.warning(removed_keys_warning(given))
 
     def num_skipped(self, num_layers: int) -> int:
         """M for a model with `num_layers` decoder layers."""
@@ -123,3 +124,14 @@ class ClaspOptions(DraftingOptions):
                 f"{protected} of them protected, and the draft keeps at least one: "
                 f"at most {most} can be skipped."
             )
+
+
+def removed_keys_warning(keys: list[str]) -> str:
+    names = " and ".join(f"'{key}'" for key in keys)
+    one = len(keys) == 1
+    return (
+        f"vllm-layerskip clasp: {names} {'was' if one else 'were'} removed and "
+        f"{'is' if one else 'are'} ignored: the DP now always runs in the engine step. "
+        f"Remove {'it' if one else 'them'} from the speculative config; the next "
+        f"release refuses {'it' if one else 'them'}."
+    )

@@ -34,14 +34,18 @@ would fit each context better but split every draft step into one forward per
 distinct mask; a round-robin DP on one request would be cheaper but would fit
 one request's context at a time.
 
-Why on the engine thread, not in a background thread: the DP's layer calls go
+Why in the engine step, not in a background thread: the DP's layer calls go
 through vLLM's attention layers, which read the forward context (attention
 metadata, KV slot mappings) from a process-global that the engine's own
 forward sets; run concurrently, either forward could see the other's context.
 The DP also reads the requests' KV blocks, which the engine frees and reuses
-as requests finish. So it runs synchronously in `before_draft`, every N steps
-(put off while the cost model keeps drafting off, and while the runs so far
-have used up `max_optimizer_share` of the engine's time: optimizer_budget.py).
+as requests finish, and vLLM's CPU kernels are not safe to call from two
+threads at once. A thread on a copy of the K/V was tried and removed: where
+the engine keeps the cores busy it only moved the DP's work, and its masks
+arrived many steps late (docs/methods/clasp.md). So the DP runs synchronously
+in `before_draft`, every N steps (put off while the cost model keeps drafting
+off, and while the runs so far have used up `max_optimizer_share` of the
+engine's time: optimizer_budget.py).
 
 A failing DP run is logged; drafting goes on with the last good mask. After
 MAX_CONSECUTIVE_FAILURES failures in a row the DP is stopped for good.
@@ -57,29 +61,13 @@ broadcast and adopted by all (rank_agreement.py), one small message per run.
 from __future__ import annotations
 
 from vllm_layerskip.core.draft_engine import DraftRequests, DraftResult
-from vllm_layerskip.core.model_gate import ModelGate
 from vllm_layerskip.core.proposer import LayerSkipProposerBase
 from vllm_layerskip.methods.clasp.search import ClaspSearch
 
 
 class ClaspProposer(LayerSkipProposerBase):
     def on_model_loaded(self) -> None:
-        tp = self.vllm_config.parallel_config.tensor_parallel_size
-        # Under tensor parallelism the DP's layer calls are collectives that
-        # every rank must issue in the same order: engine thread only there.
-        # Off unless asked for: where the engine keeps the cores busy (this CPU,
-        # under load) the thread only gets the gaps between steps, so its masks
-        # arrive many steps late and the DP's work is not saved, only moved
-        # (docs/methods/clasp.md).
-        background = bool(self.options.background_dp) and tp == 1
-        self.search = ClaspSearch(
-            self.options, self.engine.num_layers, self.agreement, background=background
-        )
-
-    @property
-    def model_gate(self) -> ModelGate | None:
-        """Held by the runner while it runs the model (patches/model_runner.py)."""
-        return self.search.gate if self.search.updater is not None else None
+        self.search = ClaspSearch(self.options, self.engine.num_layers, self.agreement)
 
     def before_draft(self, runner, requests: DraftRequests) -> None:
         # A DP run only pays off if this step drafts, but the cost model decides
