@@ -208,7 +208,7 @@ def test_tensor_parallel_accepted_unless_a_method_opts_out(tiny_model_dir, monke
     monkeypatch.setattr(swift, "METHOD", dataclasses.replace(swift.METHOD, tensor_parallel=False))
     registry.method.cache_clear()
     try:
-        with pytest.raises(LayerSkipConfigError, match=r"Method 'swift' does not support tensor parallelism yet \(tensor_parallel_size=2\).* or method 'layer_skip', 'clasp', 'self_sd' or 'adadecode'\."):
+        with pytest.raises(LayerSkipConfigError, match=r"Method 'swift' does not support tensor parallelism yet \(tensor_parallel_size=2\).* or method 'layer_skip', 'quantized', 'clasp', 'self_sd' or 'adadecode'\."):
             engine_config(model, {"method": "swift", "num_speculative_tokens": 2},
                           tensor_parallel_size=2)
     finally:
