@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from vllm_layerskip.core.draft_layer import DraftLayer, ModuleWith, eager_layers
+from vllm_layerskip.core.draft_layer import DraftLayer, eager_layers
 from vllm_layerskip.core.draft_weights import draft_layers
 from vllm_layerskip.core.errors import LayerSkipConfigError
 
@@ -159,32 +159,6 @@ class DecoderStack:
         """An exit head before the LM head: the final norm on T @ h (AdaDecode's
         E* T(i) is the LM head on this)."""
         return self.inner.norm(stream @ transform.T)
-
-    def run_layer(
-        self,
-        index: int,
-        positions: torch.Tensor,  # [num_tokens]
-        states: torch.Tensor,  # [num_tokens, hidden] residual stream before the layer
-        attend=None,  # attend(q, k, v) -> [num_tokens, heads * head_size], or None
-    ) -> torch.Tensor:  # [num_tokens, hidden] residual stream after the layer
-        """Decoder layer `index` on residual-stream states.
-
-        With `attend`, it replaces vLLM's Attention module inside the layer's
-        own attention forward (projections, qk-norms, rotary embedding and
-        o_proj stay the model's), so the layer runs without a forward context
-        and without the paged KV cache, e.g. in a background thread.
-        """
-        layer = self.layers[index]
-        # vLLM's pair convention with a zero residual: the fused add+norm sees
-        # states + 0 = states. Fresh tensors: the fused norm may work in place.
-        hidden, residual = layer.input_layernorm(states.clone(), torch.zeros_like(states))
-        if attend is None:
-            hidden = layer.self_attn(positions=positions, hidden_states=hidden)
-        else:
-            attention = ModuleWith(layer.self_attn, attn=attend)
-            hidden = type(layer.self_attn).forward(attention, positions=positions, hidden_states=hidden)
-        hidden, residual = layer.post_attention_layernorm(hidden, residual)
-        return layer.mlp(hidden) + residual
 
 
 def _norm(norm: nn.Module, hidden: torch.Tensor, residual: torch.Tensor | None):

@@ -63,11 +63,13 @@ from __future__ import annotations
 from vllm_layerskip.core.draft_engine import DraftRequests, DraftResult
 from vllm_layerskip.core.proposer import LayerSkipProposerBase
 from vllm_layerskip.methods.clasp.search import ClaspSearch
+from vllm_layerskip.methods.clasp.layer_states import LayerStates
 
 
 class ClaspProposer(LayerSkipProposerBase):
     def on_model_loaded(self) -> None:
         self.search = ClaspSearch(self.options, self.engine.num_layers, self.agreement)
+        self.layers = LayerStates(self.engine)
 
     def before_draft(self, runner, requests: DraftRequests) -> None:
         # A DP run only pays off if this step drafts, but the cost model decides
@@ -75,7 +77,7 @@ class ClaspProposer(LayerSkipProposerBase):
         # cost model keeps drafting off, a due DP run waits, and runs on the
         # step after drafting resumes (e.g. after a probe).
         drafting = self.policy is None or self.self_drafted_last_step
-        self.search.step(runner, self.engine, requests, drafting)
+        self.search.step(runner, self.layers, requests, drafting)
 
     def draft(self, runner, requests: DraftRequests) -> DraftResult:
         return self.engine.draft(
