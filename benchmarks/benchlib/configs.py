@@ -15,7 +15,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-PLUGIN_METHODS = ("layer_skip", "swift", "clasp", "self_sd", "adadecode")
+PLUGIN_METHODS = ("layer_skip", "quantized", "swift", "clasp", "self_sd", "adadecode")
 # vLLM's own methods that need no trained draft (model, heads or EAGLE layers).
 NATIVE_METHODS = ("ngram", "suffix", "ngram_gpu")
 # vLLM's methods that draft with a second, smaller model of the target's vocabulary
@@ -29,7 +29,7 @@ DRAFT_MODEL_METHODS = ("draft_model",)
 # shows how far two identical engines drift apart on this machine.
 MATCHED_UNIFORM = ("swift_initial", "clasp_uniform", "self_sd_uniform")
 METHODS = ("plain", "plain_control", *NATIVE_METHODS, *DRAFT_MODEL_METHODS, "layer_skip",
-           "swift_initial", "swift", "clasp", "clasp_uniform", "self_sd", "self_sd_uniform",
+           "quantized", "swift_initial", "swift", "clasp", "clasp_uniform", "self_sd", "self_sd_uniform",
            "adadecode")
 # ngram_gpu is vLLM's GPU-tensor ngram: on a CPU it fails at start-up (it
 # allocates pinned memory), so it runs only when asked for. draft_model too: it
@@ -147,6 +147,8 @@ def build_configs(args, model_path: str) -> list[Config]:
                                       f" (self_sd's size){suffix}", "layer_skip",
                                       spec_for("layer_skip", {**base, **sets}), reason,
                                       extra={"skip_sets": sets}))
+            elif method == "quantized":  # every layer through int4 copies (its default)
+                configs.append(Config(method + suffix, method, spec_for(method, base), reason))
             elif method == "swift":  # the plugin's default r unless --swift-ratio
                 opts = {"skip_ratio": args.swift_ratio} if args.swift_ratio else {}
                 label = f"swift r={args.swift_ratio:g}" if args.swift_ratio else "swift"
