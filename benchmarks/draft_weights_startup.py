@@ -104,12 +104,43 @@ def sha256_of(weight: torch.Tensor) -> str:
     return hashlib.sha256(weight.contiguous().view(torch.uint8).numpy()).hexdigest()
 
 
+def warm_stages(linears, scheme: str) -> None:
+    """A warm start's parts: the key (sha256 of the weight), reading and checking
+    the file, packing for torch's kernel."""
+    from vllm_layerskip.core import draft_weights as dw
+    from vllm_layerskip.core import draft_weights_cache as cache
+
+    times: dict = defaultdict(float)
+    kind = "int4" if scheme == "int4" else "int8"
+    for _, weight in linears:
+        int4 = kind == "int4" and weight.shape[1] % dw._GROUP == 0 and weight.shape[0] % 16 == 0
+        grid = dw.DEFAULT_GRID if int4 else None
+        t = time.perf_counter()
+        fields = cache.key_fields(weight, "int4" if int4 else "int8", grid, dw._GROUP)
+        key = cache.weight_key(weight, fields)
+        times["key: sha256 of the weight"] += time.perf_counter() - t
+        path = cache.folder() / f"{fields['kind']}-{key[:40]}.safetensors"
+        t = time.perf_counter()
+        stored = cache.load(path, key)
+        times["read the file, check its sha256"] += time.perf_counter() - t
+        t = time.perf_counter()
+        if int4:
+            dw._pack_int4(stored["q"])
+        elif scheme == "w8a8":
+            dw._prepack_w8a8(stored["q"], stored["scale"])
+        times["pack for the kernel"] += time.perf_counter() - t
+    for stage, seconds in times.items():
+        print(f"  warm: {stage:32s} {seconds:7.2f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", nargs="?", default=DEFAULT_MODEL)
     parser.add_argument("--scheme", default="int4")
     parser.add_argument("--layers", type=int, default=None, help="first N decoder layers only")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--skip", default="", help="comma-separated parts to leave out: "
+                        "stages, nocache, warm-stages")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -124,8 +155,9 @@ def main() -> None:
           f"read and fused in {load_s:.1f} s; torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")
 
+    skip = set(filter(None, args.skip.split(",")))
     times: dict = defaultdict(float)
-    if args.scheme == "int4":
+    if args.scheme == "int4" and "stages" not in skip:
         for _, weight in linears:
             stages_int4(weight, times)
     t = time.perf_counter()
@@ -153,13 +185,16 @@ def main() -> None:
         previous = {k: os.environ.get(k) for k in (cache.CACHE_ENV, cache.DISABLE_ENV)}
         os.environ[cache.CACHE_ENV] = folder
         try:
-            os.environ[cache.DISABLE_ENV] = "0"
-            attach_all("no cache")
-            os.environ.pop(cache.DISABLE_ENV)
+            if "nocache" not in skip:
+                os.environ[cache.DISABLE_ENV] = "0"
+                attach_all("no cache")
+            os.environ.pop(cache.DISABLE_ENV, None)
             attach_all("cache cold (builds, writes)")
             attach_all("cache warm (reads)")
             size = sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
             print(f"  cache: {size / 1e9:.2f} GB in {folder}")
+            if "warm-stages" not in skip:
+                warm_stages(linears, args.scheme)
         finally:
             for key, value in previous.items():
                 if value is None:

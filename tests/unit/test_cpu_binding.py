@@ -26,6 +26,7 @@ def test_two_cores_with_one_kept_back_warn_with_the_setting_that_fixes_it():
     assert message.startswith("vLLM's CPU worker runs on 1 of the 2 cores it could use (cores 0; "
                               "with VLLM_CPU_OMP_THREADS_BIND unset vLLM keeps 1 back")
     assert "Set VLLM_CPU_OMP_THREADS_BIND=0-1 to give the worker every core" in message
+    assert message.endswith("joined by '|'), or VLLM_CPU_NUM_OF_RESERVED_CPU=0.")
 
 
 def test_every_core_or_a_users_binding_says_nothing():
@@ -34,6 +35,7 @@ def test_every_core_or_a_users_binding_says_nothing():
     assert binding_message("0-1", [0, 1], [0, 1]) is None
     assert binding_message("nobind", None, [0, 1]) is None
     assert binding_message("auto", None, [0, 1]) is None  # binding unknown
+    assert binding_message("auto", [0], [0, 1], reserved="1") is None  # kept back on purpose
 
 
 @pytest.mark.parametrize("cores,level", [(2, logging.WARNING), (4, logging.WARNING),
