@@ -282,24 +282,25 @@ class DraftLengthPolicy:
         if num_lookup and not (prefilling and len(line) == 0):
             lookup, probe = self._lookup_choice(num_reqs, num_lookup)
         # A probe of the copies is not weighed: it refreshes their estimates.
-        if lookup and not probe and self._measured(num_reqs) and self._self_drafts_win(
-                num_reqs, num_lookup, lookup):
-            self.copies_passed_over += 1
-            lookup = 0
         if not lookup:
+            return 0, self._choose(num_reqs, prefilling, (0.0, 0))
+        # The copies' expected and verified tokens, sharing the step's verify pass.
+        rates = self.lookup_acceptance.rates()
+        others = (num_lookup * expected_tokens(rates, lookup), num_lookup * (1 + lookup))
+        if not probe and self._measured(num_reqs) and self._self_drafts_win(
+                num_reqs, num_lookup, lookup, others):
+            self.copies_passed_over += 1
             return 0, self._choose(num_reqs, prefilling, (0.0, 0))
         self.lookup_steps += 1
         self.lookup_length_sum += lookup
-        rates = self.lookup_acceptance.rates()
-        others = (num_lookup * expected_tokens(rates, lookup), num_lookup * (1 + lookup))
         return lookup, self._choose(num_reqs - num_lookup, prefilling, others)
 
-    def _self_drafts_win(self, num_reqs: int, num_lookup: int, lookup: int) -> bool:
+    def _self_drafts_win(self, num_reqs: int, num_lookup: int, lookup: int,
+                         others: tuple[float, int]) -> bool:
         """Whether every request self-drafting beats the copies (at `lookup`
-        tokens) with the other requests self-drafting."""
+        tokens, `others` their expected and verified tokens) with the other
+        requests self-drafting."""
         line = self.verify_line(num_reqs)
-        rates = self.lookup_acceptance.rates()
-        others = (num_lookup * expected_tokens(rates, lookup), num_lookup * (1 + lookup))
         rest = num_reqs - num_lookup
         if rest:
             _, with_copies = self._self_draft(line, rest, others)
