@@ -20,7 +20,6 @@ from vllm_layerskip.core.draft_engine import (
     empty_probs,
     write_one_hot,
 )
-from vllm_layerskip.core.errors import LayerSkipConfigError
 from vllm_layerskip.core.faults import maybe_fail
 from vllm_layerskip.core.identity import model_identity
 from vllm_layerskip.core.load_checks import (
