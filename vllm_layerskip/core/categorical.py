@@ -6,8 +6,9 @@ seeded request must draw from its own generator, one row at a time. The
 exponential race (argmax q / E, E ~ Exp(1), vLLM's own sampler) spends one
 random number per vocabulary entry and row: per draft token at 8 requests,
 12.8 ms at 49,152 ids, 13.3 ms at 65,536 and 39.2 ms at 151,936 on the 2-core
-AVX2 CPU (benchmarks/bench_draft_sampling.py); at temperature 1 it took 41 s
-of an 86 s test under cProfile (1500 seeded requests, K = 3).
+AVX2 CPU (benchmarks/results/2026-11-26/draft_sampling_avx2_2026-11-26.md); at
+temperature 1 it took 41 s of an 86 s test under cProfile (1500 seeded
+requests, K = 3).
 
 Here each row spends two uniforms instead, on an inverse CDF in two levels:
 the first picks a block of BLOCK ids by the blocks' masses, the second an id

@@ -49,7 +49,7 @@ class DraftHead:
         # come back to the host, sampled q rows and SWIFT's scoring stay on the
         # model's device. A copy per call (65536 ids, pageable) took 42 us on an
         # H200, half of the pruned head's own 87 us, for every sampled draft
-        # token (benchmarks/bench_draft_head_gpu.py).
+        # token (benchmarks/results/2026-11-26/draft_head_h200_2026-11-26.md).
         self._ids_on_device: dict[torch.device, torch.Tensor] = {}
         self._slice: _HeadSlice | None = None
         if self.token_ids is not None:

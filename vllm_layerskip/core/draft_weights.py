@@ -67,7 +67,7 @@ _LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 # the 1.5B's 112 linears (28 layers), weights cycled beyond the caches, took
 # 46 / 35 / 44 / 77 / 143 ms at 1 / 4 / 8 / 16 / 32 tokens, int4 39 / 66 / 132
 # / 269 / 518 ms, torch's bf16 linear 135 / 154 / 179 / 229 / 328 ms.
-# (benchmarks/bench_draft_linears.py; docs/draft-weights.md has a rerun through
+# (benchmarks/kernels/bench_draft_linears.py; docs/draft-weights.md has a rerun through
 # these copies' own calls, on a slower hour: same ordering.)
 # Draft passes of more tokens than this run the model's own weights (None: any size).
 MAX_TOKENS = {"int4": 4, "int8": 2, "w8a8": None}

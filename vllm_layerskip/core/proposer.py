@@ -126,7 +126,7 @@ class LayerSkipProposerBase:
         decoding in this same engine, and neither the cost model nor the method
         learns from it. For benchmarks: plain decoding in the method's own engine
         is a baseline on the same memory, where two plain engines can differ by
-        more than a method gains (up to 42% on a Xeon VM; benchmarks/bench_paused.py)."""
+        more than a method gains (up to 42% on a Xeon VM; benchmarks/bench_interleaved.py)."""
         self.drafting_paused = bool(paused)
         self._last_drafted = {}
         self._last_end = None  # no step time across the pause
