@@ -178,12 +178,29 @@ def draft_counts(engine) -> dict:
     if engine.config.family == "vllm":
         c = engine.counters()
         return {"self_drafted": 0, "self_accepted": 0, "copied": c.draft_tokens,
-                "copied_accepted": c.accepted}
+                "copied_accepted": c.accepted, "idle_proposals": 0, "idle_seconds": 0.0}
     s = proposer_stats(engine.llm)
     v = s["verified"]
     return {"self_drafted": v["self"]["draft_tokens"] + v["continuation"]["draft_tokens"],
             "self_accepted": v["self"]["accepted"] + v["continuation"]["accepted"],
-            "copied": v["lookup"]["draft_tokens"], "copied_accepted": v["lookup"]["accepted"]}
+            "copied": v["lookup"]["draft_tokens"], "copied_accepted": v["lookup"]["accepted"],
+            "idle_proposals": s["num_idle_proposals"], "idle_seconds": s["idle_seconds"]}
+
+
+def idle_overhead(spans: list[dict], method: str) -> str:
+    """What the proposer cost a step in which it drafted nothing (the cost
+    model's "no draft"), in the drafting spans, against a paused span's step:
+    the never-slower floor's per-step overhead."""
+    mine = [s for s in spans if s["method"] == method]
+    idle = sum(s.get("idle_proposals", 0) for s in mine if s["mode"] in DRAFTING)
+    paused = [s for s in mine if s["mode"] == PAUSED]
+    if not idle or not paused:
+        return f"{method}: no step without drafts in the drafting spans"
+    ms = 1e3 * sum(s.get("idle_seconds", 0.0) for s in mine if s["mode"] in DRAFTING) / idle
+    decode = [t for s in paused for t, p in zip(s["step_seconds"], s["step_prefill"]) if not p]
+    step_ms = 1e3 * float(np.median(decode)) if decode else float("nan")
+    return (f"{method}: the proposer took {ms:.2f} ms a step in the {idle} drafting-span steps "
+            f"where it drafted nothing: {100 * ms / step_ms:.2f}% of a paused decode step (median {step_ms:.1f} ms)")
 
 
 def run_method(method: str, args, model: str, questions: list[dict]) -> tuple[list[dict], dict]:
@@ -345,6 +362,11 @@ def table(spans: list[dict], methods: list[str]) -> str:
     return "\n".join(lines)
 
 
+def overhead_lines(spans: list[dict], methods: list[str]) -> str:
+    return "\n" + "\n".join(f"- {idle_overhead(spans, m)}" for m in methods
+                             if m != "ngram") + "\n"
+
+
 def plot(base: str, spans: list[dict], methods: list[str]) -> None:
     try:
         import matplotlib
@@ -376,7 +398,7 @@ def rerender(path: str) -> None:
         run = json.load(f)
     methods = list(run["methods"])
     base = path[: -len(".json")]
-    text = table(run["spans"], methods) + "\n" + NOTE
+    text = table(run["spans"], methods) + "\n" + overhead_lines(run["spans"], methods) + NOTE
     header = ""
     if os.path.exists(base + ".md"):
         with open(base + ".md") as f:
@@ -414,7 +436,7 @@ def main() -> None:
               f"{args.in_flight} requests in flight, {args.max_tokens} tokens a request, T = "
               f"{args.temperature:g}, {args.minutes:g} timed minutes a method; "
               f"{started:%Y-%m-%d %H:%M}-{datetime.datetime.now(datetime.timezone.utc):%H:%M} UTC.\n")
-    text = header + "\n" + table(spans, args.methods) + "\n" + NOTE
+    text = header + "\n" + table(spans, args.methods) + "\n" + overhead_lines(spans, args.methods) + NOTE
     base = write_run(args.out, f"interleaved_{started:%Y%m%d-%H%M%S}", text,
                      {"args": vars(args), "methods": infos, "spans": spans})
     plot(base, spans, args.methods)

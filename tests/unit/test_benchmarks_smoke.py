@@ -71,7 +71,9 @@ def test_bench_interleaved_renders_a_saved_run_again(tmp_path, isolated):
                 "steps": 13, "seconds": 10.0, "tokens": tokens, "decode_seconds": 9.0,
                 "decode_tokens": tokens - 4, "step_seconds": [0.5] * 12 + [4.0],
                 "step_prefill": [False] * 12 + [True], "self_drafted": drafted,
-                "self_accepted": drafted // 2, "copied": 0, "copied_accepted": 0}
+                "self_accepted": drafted // 2, "copied": 0, "copied_accepted": 0,
+                "idle_proposals": 4 if mode == bench.ON else 0,
+                "idle_seconds": 0.002 if mode == bench.ON else 0.0}
 
     spans = [span(mode, cycle, tokens, drafted)
              for cycle in range(2)
@@ -88,6 +90,9 @@ def test_bench_interleaved_renders_a_saved_run_again(tmp_path, isolated):
     assert "| 80 (40) | 0 (0) |" in on
     again = next(line for line in text.splitlines() if "A/A control" in line)
     assert "| 1.00 (1.00-1.00) |" in again
+    # 8 idle proposals of 0.5 ms against a paused decode step of 500 ms
+    assert ("- swift: the proposer took 0.50 ms a step in the 8 drafting-span steps where it "
+            "drafted nothing: 0.10% of a paused decode step (median 500.0 ms)") in text
 
 
 def test_bench_methods_report_renders_from_synthetic_turns(tmp_path, isolated):

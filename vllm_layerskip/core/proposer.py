@@ -180,6 +180,8 @@ class LayerSkipProposerBase:
         self._maybe_write_status()
         self._last_end = time.perf_counter()
         self.stats.propose_seconds += self._last_end - start
+        if not self._last_drafted:
+            self.stats.record_idle(self._last_end - start)
         return result
 
     def _decide(self, requests: DraftRequests, copied, room, scheduler_output):

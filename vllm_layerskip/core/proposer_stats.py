@@ -42,6 +42,11 @@ class ProposerStats:
         # All of propose_from_runner, draft passes included: less draft_seconds,
         # the proposer's own per-step work (bookkeeping, lookup, the cost model).
         self.propose_seconds = 0.0
+        # Proposals that drafted nothing, neither self-drafted nor copied (the
+        # cost model's "no draft", or no request with room), and their seconds:
+        # what the proposer costs a step where it does not pay.
+        self.num_idle_proposals = 0
+        self.idle_seconds = 0.0
         self.draft_failures = 0  # draft passes that raised (the step ran without drafts)
         self.last_draft_error: str | None = None
 
@@ -52,6 +57,10 @@ class ProposerStats:
         self.num_lookup_draft_tokens += num_copied
         self.num_rows_run += result.num_rows_run
         self.draft_seconds += seconds
+
+    def record_idle(self, seconds: float) -> None:
+        self.num_idle_proposals += 1
+        self.idle_seconds += seconds
 
     def record_verified(self, drafted: int, accepted: int, source: str) -> None:
         counts = self.verified[source]
