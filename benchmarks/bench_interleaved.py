@@ -28,7 +28,7 @@ parity is the test suite's business: a request here spans several modes.
 
     .venv/bin/python benchmarks/bench_interleaved.py --methods swift clasp self_sd --compile
     .venv/bin/python benchmarks/bench_interleaved.py --methods ngram --compile
-    .venv/bin/python benchmarks/bench_interleaved.py --model SMOLLM2 --methods swift --minutes 4 --window 48
+    .venv/bin/python benchmarks/bench_interleaved.py --model smollm2-135m --methods swift --minutes 4 --window 48
 """
 
 from __future__ import annotations

@@ -340,7 +340,7 @@ def engines_that_fit(reserve_gib: float, per_engine_gib: float) -> int:
 def add_method_engine_arguments(parser) -> None:
     """The options of a benchmark that starts one method's engine at a time."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    parser.add_argument("--model", default=None, help="default: the prepared Qwen2.5-Coder-1.5B-Instruct")
+    parser.add_argument("--model", default=None, help="a checkpoint directory or hub id, or a name `vllm-layerskip prepare-model` knows (smollm2-135m, qwen2.5-coder-1.5b, ...); default: the prepared Qwen2.5-Coder-1.5B-Instruct")
     parser.add_argument("--method-options", type=json.loads, default={},
                         help='per method, e.g. \'{"swift": {"prompt_lookup_max": 0}}\'')
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -360,10 +360,21 @@ def prepare_method_engine_run(args) -> str:
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     from vllm_layerskip.tools.cpu_threads import bind_every_core
-    from vllm_layerskip.tools.prepare_model import ensure_model
-
     bind_every_core()
-    return args.model or ensure_model("qwen2.5-coder-1.5b", quiet=True)
+    return model_path(args.model)
+
+
+def model_path(model: str | None) -> str:
+    """--model: a checkpoint directory or hub id as vLLM takes it, or the name of
+    a model `vllm-layerskip prepare-model` knows (prepared if needed); none: the
+    prepared Qwen2.5-Coder-1.5B-Instruct."""
+    from vllm_layerskip.tools.prepare_model import CATALOG, ensure_model
+
+    if not model:
+        return ensure_model("qwen2.5-coder-1.5b", quiet=True)
+    if model in CATALOG:
+        return ensure_model(model, quiet=True)
+    return model
 
 
 def start_method_engine(method: str, args, model: str, spec_defaults: dict,

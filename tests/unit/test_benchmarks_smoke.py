@@ -22,9 +22,9 @@ sys.path.insert(0, str(BENCHMARKS))  # benchlib
 # The maintained benchmarks at benchmarks/ top level (benchmarks/README.md).
 MAINTAINED = ("bench_methods", "bench_interleaved", "bench_serve", "bench_step_cost",
               "bench_engine_startup", "load_test", "bench_memory_bandwidth",
-              "draft_pass_breakdown")
+              "draft_pass_breakdown", "bench_quantized_startup")
 TOOLS = ("analysis/pool_runs", "analysis/lookup_match_length", "analysis/set_acceptance",
-         "kernels/bench_draft_linears")
+         "kernels/bench_draft_linears", "kernels/draft_weights_startup")
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@ checkpoint's decoder linear weights, fused as vLLM fuses them (qkv, gate_up),
 timed stage by stage. No engine: the weights come from the checkpoint's
 safetensors files.
 
-    python benchmarks/draft_weights_startup.py [MODEL_DIR] [--scheme int4] [--layers N]
+    .venv/bin/python benchmarks/kernels/draft_weights_startup.py [MODEL_DIR] [--scheme int4] [--layers N]
 
 Stages (int4): the float32 copy and min/max, the sampled grid check, the full
 grid search (only for weights whose sample shows a grid), rounding, torch's
