@@ -62,6 +62,7 @@ RESULTS = REPO / "benchmarks" / "results"
 # Every method as the README shows it; K = 4 throughout.
 SPECS = {
     "layer_skip": {"method": "layer_skip", "skip_ratio": 0.3},
+    "quantized": {"method": "quantized"},
     "swift": {"method": "swift"},
     "clasp": {"method": "clasp"},
     "self_sd": {"method": "self_sd", "profile": "shipped"},
