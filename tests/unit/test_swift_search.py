@@ -13,7 +13,8 @@ from vllm_layerskip.core.faults import ENV_VAR
 from vllm_layerskip.core.errors import LayerSkipConfigError
 from vllm_layerskip.core.identity import ModelIdentity
 from vllm_layerskip.methods.swift.options import SwiftOptions
-from vllm_layerskip.methods.swift.search import MIN_ACCEPTANCE_TOKENS, SwiftSearch
+from vllm_layerskip.methods.swift.acceptance import MIN_ACCEPTANCE_TOKENS
+from vllm_layerskip.methods.swift.search import SwiftSearch
 from vllm_layerskip.core.set_search import SubLayerSpace
 from vllm_layerskip.methods.swift.state_file import load_state
 
@@ -69,7 +70,7 @@ def drive(search, engine, runner, steps):
         # Let the optimizer thread catch up, so tests are deterministic.
         # (No candidate is asked for while a challenger waits for confirmation.)
         while (search.phase == "optimizing" and search.worker.error is None
-               and search.challenger is None
+               and search.best_set.challenger is None
                and not search.worker.has_result and time.monotonic() < deadline):
             time.sleep(0.0005)
 
@@ -153,7 +154,7 @@ def test_one_easy_window_does_not_turn_later_candidates_away():
             return np.arange(windows.num_tokens) < round(m * windows.num_tokens)
 
     drive(search, EasyFirstWindow(), FakeRunner(), 60)
-    assert search.improvements == 1 and search.mask != starting, search.summary()
+    assert search.best_set.improvements == 1 and search.mask != starting, search.summary()
     assert search.best_matchness == pytest.approx(0.625)  # 5 of 8 tokens, 3 duels
 
 
@@ -164,7 +165,8 @@ def test_a_better_set_is_kept_after_winning_fresh_windows():
     engine, runner = LoggingEngine(harmless=harmless), FakeRunner()
     drive(search, engine, runner, 400)
     assert search.phase == "accelerating", search.summary()
-    assert search.improvements >= 1 and len(search.mask_log) == search.improvements
+    assert search.best_set.improvements >= 1
+    assert len(search.mask_log) == search.best_set.improvements
     step, coords = search.mask_log[0]
     # Its first duels (later ones: as the incumbent), in order, none overlapping.
     duels = [(start, length) for mask, start, length in engine.log if mask == space.mask(coords)]
@@ -431,7 +433,7 @@ def test_the_shipped_state_warm_starts_its_model_and_is_never_written():
     assert search.phase == "accelerating" and search.stop_reason == "loaded from state_file"
     assert search.space.layer_sets(search.best) == {"skip_attn": state.best_attn,
                                                    "skip_mlp": state.best_mlp}
-    assert not search.write_state
+    assert not search.state_writer.enabled
     search._maybe_save(force=True)
     assert path.read_bytes() == before
 

@@ -24,11 +24,12 @@ complete file (last writer wins; files are never merged).
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_layerskip.core.identity import ModelIdentity
-from vllm_layerskip.core.versioned_file import FileKind, write_json_atomic
+from vllm_layerskip.core.versioned_file import SHIPPED, FileKind, write_json_atomic
 
 STATE = FileKind(
     what="SWIFT state_file",
@@ -43,6 +44,7 @@ STATE = FileKind(
               "it learns there and starts from it the next time.",
 )
 MAX_HISTORY = 2000
+SAVE_INTERVAL_S = 5.0  # the least time between two writes that are not forced
 
 
 @dataclass
@@ -121,3 +123,38 @@ def load_state(path: str | os.PathLike, model: ModelIdentity) -> SwiftState | No
 
 def save_state(path: str | os.PathLike, state: SwiftState) -> None:
     write_json_atomic(path, state.to_json())
+
+
+class StateWriter:
+    """Rewrites a running search's state file, at most every SAVE_INTERVAL_S
+    unless forced, through the optimizer thread (`thread.save(path, state)`).
+    Only rank 0 writes; the shipped state is read only: SWIFT goes on from it
+    in memory."""
+
+    def __init__(self, path: str | None, model: ModelIdentity, is_leader: bool, thread):
+        self.path = path
+        self.model = model
+        self.enabled = bool(path) and is_leader and path != SHIPPED
+        self.thread = thread
+        self.last_save = 0.0
+
+    def maybe_save(self, sets: dict, skip_ratio: float, matchness: float, finished: bool,
+                   history: list[Observation], force: bool = False) -> None:
+        """`sets`: the best set's {"skip_attn": [...], "skip_mlp": [...]};
+        `matchness`: its matchness, -1 before it was measured (written as 0)."""
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not force and now - self.last_save < SAVE_INTERVAL_S:
+            return
+        self.last_save = now
+        state = SwiftState(
+            model=self.model,
+            skip_ratio=skip_ratio,
+            best_attn=sets["skip_attn"],
+            best_mlp=sets["skip_mlp"],
+            best_matchness=max(matchness, 0.0),
+            optimization_finished=finished,
+            history=list(history),
+        )
+        self.thread.save(self.path, state)
