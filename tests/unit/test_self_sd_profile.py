@@ -66,7 +66,7 @@ def test_proxy_objective_prices_a_set_by_the_weights_it_keeps():
     from types import SimpleNamespace
 
     from vllm_layerskip.core.skip_mask import sublayer_params
-    from vllm_layerskip.methods.self_sd.search_tool import _rescore
+    from vllm_layerskip.methods.self_sd.objective import rescore
 
     # Qwen2.5-Coder-1.5B's shapes: grouped-query attention makes an attention
     # sub-layer ~7x cheaper to run than an MLP.
@@ -80,20 +80,21 @@ def test_proxy_objective_prices_a_set_by_the_weights_it_keeps():
         {"M": 2.5, "alpha": 0.6, "c": 0.60, "kept_weights": 700},  # skips MLPs
         {"M": 2.5, "alpha": 0.6, "c": 0.40, "kept_weights": 850},
     ]
-    _rescore("proxy", history)
+    rescore("proxy", history)
     assert history[1]["value"] > history[2]["value"] > history[0]["value"]
     per_weight = 0.50 / 1000  # the median of 0.5/1000, 0.6/700, 0.4/850
     assert history[1]["c_used"] == pytest.approx(per_weight * 700)
     # Checkpoints without the weights: the median c for every set, as before.
     old = [{"M": 2.0, "alpha": 0.5, "c": c} for c in (0.3, 0.5, 0.4)]
-    _rescore("proxy", old)
+    rescore("proxy", old)
     assert {h["c_used"] for h in old} == {0.4}
 
 
 def test_acceptance_objective_ranks_by_m_alone_and_needs_a_fixed_size():
     from types import SimpleNamespace
 
-    from vllm_layerskip.methods.self_sd.search_tool import _rescore, run_search
+    from vllm_layerskip.methods.self_sd.objective import rescore
+    from vllm_layerskip.methods.self_sd.search_tool import run_search
 
     # The cheapest set (fewest weights, lowest c) accepts least: acceptance ranks
     # it last where proxy would rank it first; equal M falls back on alpha.
@@ -102,9 +103,9 @@ def test_acceptance_objective_ranks_by_m_alone_and_needs_a_fixed_size():
         {"M": 2.90, "alpha": 0.63, "c": 0.80, "kept_weights": 1000},
         {"M": 2.90, "alpha": 0.64, "c": 0.80, "kept_weights": 1000},
     ]
-    _rescore("acceptance", history)
+    rescore("acceptance", history)
     assert history[2]["value"] > history[1]["value"] > history[0]["value"]
-    _rescore("proxy", history)
+    rescore("proxy", history)
     assert history[0]["value"] > history[2]["value"]
     # With a free size M alone would search back to the full model: refused
     # before any engine is built.

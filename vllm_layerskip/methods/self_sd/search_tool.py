@@ -38,7 +38,6 @@ that raised M on them from 3.314 to 3.322 lowered it on 24 held-out prompts from
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import sys
 import time
@@ -47,11 +46,19 @@ from pathlib import Path
 import numpy as np
 
 from vllm_layerskip.core.errors import LayerSkipConfigError
-from vllm_layerskip.core.skip_mask import sublayer_params
-from vllm_layerskip.methods.self_sd.profile import SkipProfile, save_profile
 from vllm_layerskip.core.set_search import BayesianSetOptimizer, Coords, SubLayerSpace
+from vllm_layerskip.methods.self_sd.evaluator import Evaluator
+from vllm_layerskip.methods.self_sd.objective import rescore
+from vllm_layerskip.methods.self_sd.profile import SkipProfile, save_profile
+from vllm_layerskip.methods.self_sd.search_candidates import (
+    best_coords,
+    free_suggestion,
+    neighbour,
+    random_set,
+    seed_set,
+)
+from vllm_layerskip.methods.self_sd.search_checkpoint import load_checkpoint, save_checkpoint
 
-CHECKPOINT_FORMAT = "vllm-layerskip/search-checkpoint"
 RANDOM_STARTS = 3
 
 
@@ -64,111 +71,6 @@ def load_prompts(path: str, n: int) -> list[str]:
     if not prompts:
         raise ValueError(f"{path} holds no prompts")
     return prompts[:n]
-
-
-def _set_mask(worker, run_attn, run_mlp):
-    from vllm_layerskip.core.skip_mask import SkipMask
-
-    worker.model_runner.drafter.set_mask(SkipMask(tuple(run_attn), tuple(run_mlp)))
-
-
-def _draft_head_rows(worker):
-    head = worker.model_runner.drafter.engine.head
-    return head.token_ids.numel() if head.pruned else None
-
-
-def _drafter_status(worker):
-    return worker.model_runner.drafter.status()
-
-
-class Evaluator:
-    """Generates the calibration set with a given skip set and scores it."""
-
-    def __init__(self, model: str, prompts: list[str], k: int, max_tokens: int,
-                 dtype: str, max_model_len: int, validation_prompts: list[str] = ()):
-        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc sends functions
-        from vllm import LLM, SamplingParams
-
-        from vllm_layerskip.core.measure import chat_prompts
-
-        # The skip set alone: no drafts copied from the context.
-        spec = {"method": "layer_skip", "num_speculative_tokens": k,
-                "adaptive_draft_length": False, "skip_ratio": 0.0, "prompt_lookup_max": 0}
-        self.llm = LLM(model=model, speculative_config=spec, dtype=dtype, enforce_eager=True,
-                       max_model_len=max_model_len, disable_log_stats=False, seed=0)
-        self.prompts = chat_prompts(self.llm, prompts)
-        self.validation_prompts = chat_prompts(self.llm, validation_prompts) if validation_prompts else []
-        self.params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-        model_config = self.llm.llm_engine.model_config
-        self.num_layers = model_config.hf_text_config.num_hidden_layers
-        self.sublayer_params = sublayer_params(model_config.hf_text_config)
-        # Read by every draft token whatever the set: the (draft) LM head.
-        head_rows = self.llm.collective_rpc(_draft_head_rows)[0] or model_config.get_vocab_size()
-        self.fixed_weights = head_rows * model_config.hf_text_config.hidden_size
-        self.llm.generate(self.prompts[:1], SamplingParams(temperature=0, max_tokens=4),
-                          use_tqdm=False)  # warm-up
-
-    def evaluate(self, mask, validation: bool = False) -> dict:
-        from vllm_layerskip.core.measure import spec_decode_counters
-
-        prompts = self.validation_prompts if validation else self.prompts
-        self.llm.collective_rpc(_set_mask, args=(mask.run_attn, mask.run_mlp))
-        counters0 = spec_decode_counters(self.llm)
-        stats0 = self.llm.collective_rpc(_drafter_status)[0]
-        start = time.perf_counter()
-        outs = self.llm.generate(prompts, self.params, use_tqdm=False)
-        seconds = time.perf_counter() - start
-        counters = spec_decode_counters(self.llm) - counters0
-        stats = self.llm.collective_rpc(_drafter_status)[0]
-        tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-        draft_s = stats["draft_seconds"] - stats0["draft_seconds"]
-        draft_steps = stats["num_forward_steps"] - stats0["num_forward_steps"]
-        proposals = stats["num_proposals"] - stats0["num_proposals"]
-        # c: one draft step against the rest of an engine step (verify, sampling,
-        # scheduling), both measured in this run.
-        rest_per_step = (seconds - draft_s) / max(proposals, 1)
-        c = (draft_s / max(draft_steps, 1)) / rest_per_step if rest_per_step > 0 else float("inf")
-        m = counters.mean_acceptance_length if counters.drafts else 1.0
-        alpha = counters.acceptance_rate if counters.draft_tokens else 0.0
-        expected = m * alpha / ((m - 1) * c + alpha) if alpha > 0 else 0.0
-        attn, mlp = self.sublayer_params
-        kept = self.fixed_weights + attn * sum(mask.run_attn) + mlp * sum(mask.run_mlp)
-        return {"tokens_per_second": tokens / seconds, "M": m, "alpha": alpha, "c": c,
-                "expected_speedup": expected, "seconds": seconds, "kept_weights": kept}
-
-    def close(self) -> None:
-        from vllm_layerskip.core.measure import shutdown
-
-        shutdown(self.llm)
-
-
-def _rescore(objective: str, history: list[dict]) -> None:
-    """Objective values of every evaluation so far.
-
-    speed: the measured tokens/s. proxy: Eq. 6 with each set's own M and alpha,
-    and a draft cost c proportional to the weights the set keeps, at the median
-    cost per weight of all evaluations: the per-run measurement of c is the
-    noisy part, and the median keeps one slow run from ranking a set first or
-    last; the weights tell sets of one size apart (skipping an MLP saves far
-    more than skipping an attention sub-layer). Checkpoints from before the
-    weights were recorded use the median c itself."""
-    if objective == "speed":
-        for h in history:
-            h["value"] = h["tokens_per_second"]
-        return
-    if objective == "acceptance":
-        # alpha <= 1, so 1e-4 alpha only orders sets whose M is equal.
-        for h in history:
-            h["value"] = h["M"] + 1e-4 * h["alpha"]
-        return
-    with_weights = all(h.get("kept_weights") for h in history)
-    per_weight = float(np.median([h["c"] / h["kept_weights"] for h in history])) if with_weights else None
-    median_c = float(np.median([h["c"] for h in history]))
-    for h in history:
-        c = per_weight * h["kept_weights"] if with_weights else median_c
-        m, alpha = h["M"], h["alpha"]
-        h["value"] = m * alpha / ((m - 1) * c + alpha) if alpha > 0 else 0.0
-        h["c_used"] = c
 
 
 def run_search(args) -> SkipProfile:
@@ -217,7 +119,7 @@ def run_search(args) -> SkipProfile:
         settings["strategy"] = strategy
     out = Path(args.out)
     checkpoint = Path(str(out) + ".search.json")
-    history = _load_checkpoint(checkpoint, settings) if args.resume else []
+    history = load_checkpoint(checkpoint, settings) if args.resume else []
     if history:
         print(f"resuming from {checkpoint}: {len(history)} evaluations", flush=True)
 
@@ -229,11 +131,11 @@ def run_search(args) -> SkipProfile:
     bo = BayesianSetOptimizer(space, args.seed)
     rng = np.random.default_rng(args.seed + len(history))
     if history:
-        _rescore(args.objective, history)
+        rescore(args.objective, history)
     for h in history:
         bo.register(tuple(h["coords"]), h["value"])
     seeds: list[Coords] = [space.evenly_spread(count or space.dim // 2)] if args.init == "uniform" else []
-    seeds += [_seed_set(path, space, count) for path in getattr(args, "init_from", None) or []]
+    seeds += [seed_set(path, space, count) for path in getattr(args, "init_from", None) or []]
 
     start = time.perf_counter()
     bar = tqdm(total=args.iterations, initial=min(len(history), args.iterations),
@@ -244,21 +146,21 @@ def run_search(args) -> SkipProfile:
             if i < len(seeds):
                 coords = seeds[i]
             elif strategy == "swaps":
-                coords = _neighbour(space, rng, _best_coords(history), history)
+                coords = neighbour(space, rng, best_coords(history), history)
             elif i < len(seeds) + RANDOM_STARTS or bo.num_observations == 0:
-                coords = _random_set(space, rng, count)
+                coords = random_set(space, rng, count)
             else:
-                coords = bo.suggest(count) if count else _free_suggestion(bo, space)
+                coords = bo.suggest(count) if count else free_suggestion(bo, space)
             if any(tuple(h["coords"]) == coords for h in history):
                 # Greedy evaluation is deterministic: a set already scored would
                 # score the same. Try a neighbour of the best set instead.
-                coords = _neighbour(space, rng, _best_coords(history), history)
+                coords = neighbour(space, rng, best_coords(history), history)
             result = evaluator.evaluate(space.mask(coords))
             history.append({"coords": list(coords), **result})
-            _rescore(args.objective, history)
+            rescore(args.objective, history)
             bo.register(coords, history[-1]["value"])
             value = history[-1]["value"]
-            _save_checkpoint(checkpoint, settings, history)
+            save_checkpoint(checkpoint, settings, history)
             best = max(history, key=lambda h: h["value"])
             bar.update(1)
             bar.set_postfix(best=f"{best['value']:.3f}", last=f"{value:.3f}",
@@ -330,82 +232,8 @@ def _validate(evaluator: Evaluator, space: SubLayerSpace, history: list[dict], o
     except KeyboardInterrupt:
         print(f"\nvalidation stopped after {len(results)} of {len(candidates)} sets", flush=True)
     if results:
-        _rescore(objective, results)
+        rescore(objective, results)
     return results
-
-
-def _best_coords(history: list[dict]) -> Coords:
-    return tuple(max(history, key=lambda h: h["value"])["coords"])
-
-
-def _neighbour(space: SubLayerSpace, rng, coords: Coords, history: list[dict]) -> Coords:
-    """A set one swap away from `coords` (one skipped sub-layer run, one run
-    sub-layer skipped) that has not been scored yet."""
-    seen = {tuple(h["coords"]) for h in history}
-    skipped = list(coords)
-    kept = [c for c in range(space.dim) if c not in coords]
-    for _ in range(100):
-        out = set(skipped)
-        out.remove(skipped[rng.integers(len(skipped))])
-        out.add(kept[rng.integers(len(kept))])
-        candidate = tuple(sorted(out))
-        if candidate not in seen:
-            return candidate
-    return space.random(rng, len(coords))
-
-
-def _seed_set(path: str, space: SubLayerSpace, count: int | None) -> Coords:
-    """The skip set of a profile or a SWIFT state file, to start the search from
-    (cut to `count` sub-layers, keeping the lowest coordinates, if it is larger)."""
-    try:
-        data = json.loads(Path(path).read_text())
-        sets = data["best"] if data.get("format") == "vllm-layerskip/swift-state" else data
-        coords = space.coords(sets["skip_attn"], sets["skip_mlp"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise LayerSkipConfigError(
-            f"--init-from {path}: not a skip profile or SWIFT state file ({e!r})") from e
-    return coords[:count] if count else coords
-
-
-def _random_set(space: SubLayerSpace, rng, count: int | None) -> Coords:
-    if count:
-        return space.random(rng, count)
-    return space.random(rng, int(rng.integers(1, space.dim)))
-
-
-def _free_suggestion(bo: BayesianSetOptimizer, space: SubLayerSpace) -> Coords:
-    """Free-size search (the paper's): skip every coordinate suggested above 0.5,
-    at least one and never all."""
-    point = np.array([bo.optimizer.suggest()[n] for n in space.param_names])
-    n = int(np.clip((point > 0.5).sum(), 1, space.dim - 1))
-    return space.top(point, n)
-
-
-def _load_checkpoint(path: Path, settings: dict) -> list[dict]:
-    if not path.exists():
-        return []
-    try:
-        data = json.loads(path.read_text())
-        assert data["format"] == CHECKPOINT_FORMAT
-        history = list(data["history"])
-    except Exception as e:  # noqa: BLE001 - any corruption gets the same advice
-        raise LayerSkipConfigError(
-            f"Search checkpoint {path} is corrupt ({e!r}); delete it or use --no-resume."
-        ) from e
-    if data.get("settings") != settings:
-        raise LayerSkipConfigError(
-            f"Search checkpoint {path} was written with other settings "
-            f"({data.get('settings')} vs {settings}); use the same settings, another "
-            "--out, or --no-resume."
-        )
-    return history
-
-
-def _save_checkpoint(path: Path, settings: dict, history: list[dict]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"format": CHECKPOINT_FORMAT, "settings": settings,
-                               "history": history}, indent=1))
-    os.replace(tmp, path)
 
 
 def add_arguments(p) -> None:
