@@ -1,4 +1,4 @@
-"""Model preparation (tools/gguf_parts.py, gguf_convert.py, prepare_model.py) on
+"""Model preparation (tools/gguf_parts.py, gguf_convert.py and its parts, prepare_model.py) on
 fabricated wheels and a toy GGUF: no network, no engine, no real model (seconds)."""
 
 from __future__ import annotations
@@ -17,7 +17,14 @@ import pytest
 gguf = pytest.importorskip("gguf")
 torch = pytest.importorskip("torch")
 
-from vllm_layerskip.tools import gguf_convert, gguf_parts, prepare_model  # noqa: E402
+from vllm_layerskip.tools import (  # noqa: E402
+    checkpoint_check,
+    checkpoint_files,
+    gguf_convert,
+    gguf_parts,
+    gguf_tensors,
+    prepare_model,
+)
 from vllm_layerskip.tools.gguf_parts import ModelPreparationError  # noqa: E402
 
 PACKAGE = "toy-model-part{n}"
@@ -189,7 +196,7 @@ def _disk_fills_up(monkeypatch, suffix=""):
             return FullDisk(f)
         return f
 
-    for module in (gguf_parts, gguf_convert):
+    for module in (gguf_parts, checkpoint_files):
         monkeypatch.setattr(module, "open", fake_open, raising=False)
 
 
@@ -323,7 +330,7 @@ def test_converted_tensors_equal_dequantized_gguf_in_bf16(toy_gguf, converted):
     assert len(index["weight_map"]) == len(reader.tensors) == 3 + 12 * LAYERS
     types = set()
     for t in reader.tensors:
-        hf_name = gguf_convert.hf_tensor_name(t.name)
+        hf_name = gguf_tensors.hf_tensor_name(t.name)
         with safe_open(os.path.join(converted, index["weight_map"][hf_name]), "pt") as f:
             ours = f.get_tensor(hf_name)
         want = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).copy())
@@ -331,7 +338,7 @@ def test_converted_tensors_equal_dequantized_gguf_in_bf16(toy_gguf, converted):
         assert ours.dtype == torch.bfloat16 and torch.equal(ours, want), hf_name
         types.add(t.tensor_type)
     assert types == {F32, F16, Q8_0}
-    shapes = gguf_convert.read_safetensors_shapes(converted)
+    shapes = checkpoint_files.read_safetensors_shapes(converted)
     assert shapes["model.embed_tokens.weight"] == (VOCAB, HIDDEN)
     assert shapes["model.layers.1.self_attn.k_proj.weight"] == (KV_HEADS * HEAD_DIM, HIDDEN)
     assert shapes["model.layers.0.mlp.down_proj.weight"] == (HIDDEN, INTER)
@@ -388,7 +395,7 @@ def test_tied_embeddings_without_output_tensor(tmp_path):
     out = str(tmp_path / "m")
     gguf_convert.convert_gguf_to_hf(path, out, expected={**TOY_EXPECTED, "tie_word_embeddings": True},
                           log=lambda m: None, tokenizer=None)
-    assert "lm_head.weight" not in gguf_convert.read_safetensors_shapes(out)
+    assert "lm_head.weight" not in checkpoint_files.read_safetensors_shapes(out)
     assert os.listdir(out) and os.path.isfile(os.path.join(out, "model.safetensors"))
 
 
@@ -402,7 +409,7 @@ def test_tied_embeddings_stored_twice_keep_the_chosen_copy(tmp_path):
     gguf_convert.convert_gguf_to_hf(path, out, expected=tied, log=lambda m: None, tokenizer=None,
                                     tied_embeddings_from="output.weight")
     assert json.load(open(os.path.join(out, "config.json")))["tie_word_embeddings"] is True
-    shapes = gguf_convert.read_safetensors_shapes(out)
+    shapes = checkpoint_files.read_safetensors_shapes(out)
     assert "lm_head.weight" not in shapes and len(shapes) == 2 + 12 * LAYERS
     head = next(t for t in gguf.GGUFReader(path).tensors if t.name == "output.weight")
     assert head.tensor_type == F16
@@ -501,24 +508,25 @@ def _config_of(expected, **changes) -> dict:
 def test_qwen_0_5b_expected_config_refuses(changes, problem):
     expected = gguf_parts.QWEN2_5_CODER_0_5B.expected
     cfg = _config_of(expected)
-    gguf_convert._check_model(cfg, gguf_convert._expected_shapes(cfg), expected, "m.gguf")
+    checkpoint_check.check_model(cfg, checkpoint_check.expected_shapes(cfg), expected, "m.gguf")
     bad = _config_of(expected, **changes)
     with pytest.raises(ModelPreparationError) as err:
-        gguf_convert._check_model(bad, gguf_convert._expected_shapes(bad), expected, "m.gguf")
+        checkpoint_check.check_model(bad, checkpoint_check.expected_shapes(bad), expected, "m.gguf")
     assert str(err.value).startswith(f"m.gguf is not the expected model: {problem}.")
 
 
 def test_qwen_0_5b_expected_config_refuses_the_1_5b_model_and_an_untied_head():
     small, big = gguf_parts.QWEN2_5_CODER_0_5B.expected, gguf_parts.QWEN2_5_CODER_1_5B.expected
     with pytest.raises(ModelPreparationError) as err:
-        gguf_convert._check_model(_config_of(big), gguf_convert._expected_shapes(big), small, "x")
+        checkpoint_check.check_model(_config_of(big), checkpoint_check.expected_shapes(big),
+                                     small, "x")
     assert ("num_hidden_layers is 28, expected 24; hidden_size is 1536, expected 896; "
             "num_attention_heads is 12, expected 14") in str(err.value)
     # The right config but an lm_head tensor beside the tied embedding.
     cfg = _config_of(small)
-    shapes = {**gguf_convert._expected_shapes(cfg), "lm_head.weight": (151936, 896)}
+    shapes = {**checkpoint_check.expected_shapes(cfg), "lm_head.weight": (151936, 896)}
     with pytest.raises(ModelPreparationError, match=r"unexpected tensors \['lm_head.weight'\]"):
-        gguf_convert._check_model(cfg, shapes, small, "x")
+        checkpoint_check.check_model(cfg, shapes, small, "x")
 
 
 def test_prepare_checkpoint_end_to_end(toy_gguf, tmp_path):
