@@ -4,7 +4,7 @@ Making Qwen2.5-Coder-1.5B's int4 copy takes minutes on 2 cores, nearly all of
 it the search for the checkpoint's 4-bit grid (a sort of every group of 32):
 190 s of `attach` over its 112 linear weights on a 2-core AVX2 EPYC, where
 reading them back from this cache takes seconds
-(benchmarks/draft_weights_startup.py). The engine started 95 s later than
+(benchmarks/kernels/draft_weights_startup.py). The engine started 95 s later than
 plain with the copies made at every start.
 
 One file per weight, under `$VLLM_LAYERSKIP_CACHE/draft_weights/` (default
