@@ -42,7 +42,7 @@ The DP also reads the requests' KV blocks, which the engine frees and reuses
 as requests finish, and vLLM's CPU kernels are not safe to call from two
 threads at once. A thread on a copy of the K/V was tried and removed: where
 the engine keeps the cores busy it only moved the DP's work, and its masks
-arrived many steps late (docs/methods/clasp.md). So the DP runs synchronously
+arrived many steps late (git history: background_dp, removed). So the DP runs synchronously
 in `before_draft`, every N steps (put off while the cost model keeps drafting
 off, and while the runs so far have used up `max_optimizer_share` of the
 engine's time: optimizer_budget.py).

@@ -81,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "CPU time counts against max_optimizer_share): resumed from "
                              "the set it kept at 25, it found a set at 1.51x the evenly "
                              "spread set's M at K = 8 where 25 had found none better in 350 "
-                             "candidates (docs/methods/swift.md)")
+                             "candidates (benchmarks/results/2026-12-01/set_acceptance_bo2_20261201.md)")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--resume", metavar="STATE",
                         help="an earlier run's state file to go on from (copied to --out; "

@@ -53,7 +53,7 @@ class SwiftOptions(DraftingOptions):
     does. Why: with single-window duels, SWIFT's learned set for
     Qwen2.5-Coder-1.5B claimed matchness 0.81 against 0.62 and then accepted
     1.03x the starting set's tokens on the very prompts it was learned on
-    (docs/methods/swift.md)."""
+    (benchmarks/results/2026-11-26/set_acceptance_20261126.md)."""
     optimize_interval: int = 1
     """Decoding steps per optimization step while optimizing."""
     max_score_tokens: int = 128
@@ -65,7 +65,7 @@ class SwiftOptions(DraftingOptions):
     is saved up only to what the share earns in 5 s), not only on average. 1 = score every
     step (the paper's setting). Keeps optimizing from making serving slower than
     plain decoding (at 0.03, swift ran at 0.92-0.94x plain in 6 of 13 Spec-Bench
-    categories here, docs/methods/swift.md)."""
+    categories here, benchmarks/results/2026-11-24/bench_20261124-021213.md)."""
     seed: int = 0
     """Seed of the random search and the Bayesian optimizer."""
     state_file: str | None = None
