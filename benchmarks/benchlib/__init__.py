@@ -8,4 +8,7 @@ workloads Spec-Bench prompts per category, latency and concurrent workloads,
 figures   per-category aggregates and derived figures (speedup, M, alpha, c, E)
           and the projection for memory-bound hardware
 report    markdown, CSV, JSON and PNG output
+long_prompts
+          the project's own long prompts (code to edit, documents to answer
+          from) at a token count, for bench_serve.py --prompt-tokens
 """

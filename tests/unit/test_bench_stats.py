@@ -253,19 +253,26 @@ def test_identity_padded_model_computes_the_base_model(tiny_model_dir):
 
 def test_serve_speedups_are_over_each_groups_plain_server():
     # The A/A control's name starts with "plain" too; it must not become the
-    # reference of the rows after it.
+    # reference of the rows after it: the reference is the plain server of the
+    # same group, level and round.
     from bench_serve import summarize
     from benchlib.figures import plain_name
 
-    def run(tokens):
-        return [{"total_output_tokens": tokens, "duration": 1.0, "completed": 1,
-                 "mean_tpot_ms": 1.0, "mean_ttft_ms": 1.0}]
-    names = ["plain", plain_name(0, "plain (A/A control)"), "swift",
-             plain_name(1), plain_name(1, "plain (A/A control)"), "clasp"]
-    results = dict(zip(names, map(run, [100, 90, 120, 50, 50, 40])))
-    speedups = {r["config"]: round(r["speedup"], 3) for r in summarize(results, names)}
-    assert speedups == {"plain": 1.0, "plain (A/A control)": 0.9, "swift": 1.2,
-                        "plain [group 2]": 1.0, "plain (A/A control) [group 2]": 1.0, "clasp": 0.8}
+    def record(group, name, family, tokens, level=1):
+        return {"group": group, "config": name, "family": family, "prompt_tokens": None,
+                "level": level, "round": 0,
+                "result": {"total_output_tokens": tokens, "duration": 1.0, "completed": 1,
+                           "median_tpot_ms": 1.0, "median_ttft_ms": 1.0}}
+    records = [record(0, "plain", "plain", 100), record(0, plain_name(0, "plain (A/A control)"),
+                                                        "control", 90),
+               record(0, "swift", "plugin", 120), record(1, plain_name(1), "plain", 50),
+               record(1, plain_name(1, "plain (A/A control)"), "control", 50),
+               record(1, "clasp", "plugin", 40), record(0, "plain", "plain", 200, level=4),
+               record(0, "swift", "plugin", 180, level=4)]
+    speedups = {(r["config"], r["level"]): round(r["speedup"], 3) for r in summarize(records)}
+    assert speedups == {("plain", 1): 1.0, ("plain (A/A control)", 1): 0.9, ("swift", 1): 1.2,
+                        ("plain", 4): 1.0, ("swift", 4): 0.9, ("plain [group 2]", 1): 1.0,
+                        ("plain (A/A control) [group 2]", 1): 1.0, ("clasp", 1): 0.8}
 
 
 def test_pooled_runs_pair_each_question_with_its_own_runs_plain():

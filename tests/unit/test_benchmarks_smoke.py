@@ -146,16 +146,123 @@ def test_bench_methods_report_renders_from_synthetic_turns(tmp_path, isolated):
 def test_bench_serve_builds_vllms_own_commands(isolated):
     bench = load("bench_serve")
     args = bench.parse_args(["--quick", "--methods", "plain", "swift", "--category", "coding"])
-    assert (args.num_prompts, args.output_len) == (8, 32)
+    assert (args.num_prompts, args.output_len, args.max_concurrency) == (8, 32, [1])
     spec = {"method": "swift", "num_speculative_tokens": 4}
     serve = bench.server_command(args, "/models/m", 8311, spec)
     assert serve[1:3] == ["serve", "/models/m"] and json.loads(serve[-1]) == spec
+    assert serve[serve.index("--max-model-len") + 1] == "2048"
     assert "--speculative-config" not in bench.server_command(args, "/models/m", 8310, None)
     client = bench.bench_command(args, "/models/m", 8311, "q.jsonl", "out", "swift", seed=2)
     assert client[1:3] == ["bench", "serve"]
     for flag, value in (("--num-prompts", "8"), ("--seed", "2"), ("--spec-bench-category", "coding"),
-                        ("--base-url", "http://127.0.0.1:8311")):
+                        ("--base-url", "http://127.0.0.1:8311"), ("--max-concurrency", "1"),
+                        ("--dataset-name", "spec_bench"), ("--metric-percentiles", "50,99")):
         assert client[client.index(flag) + 1] == value
+
+
+def test_bench_serve_sweeps_levels_and_prompt_lengths(isolated):
+    """--max-concurrency takes several levels, --prompts-per-level scales the
+    prompts with them, --prompt-tokens swaps Spec-Bench for the custom dataset
+    (and the servers' context grows to hold the longest prompt)."""
+    bench = load("bench_serve")
+    args = bench.parse_args(["--max-concurrency", "4", "1", "16", "--num-prompts", "10",
+                             "--prompts-per-level", "2", "--prompt-tokens", "256", "3072",
+                             "--output-len", "128"])
+    assert [bench.prompts_at(args, c) for c in (1, 4, 16)] == [10, 10, 32]
+    assert bench.sweep_cells(args, 0) == [(256, 1), (256, 4), (256, 16), (3072, 1), (3072, 4),
+                                          (3072, 16)]
+    assert bench.sweep_cells(args, 1)[:3] == [(256, 16), (256, 4), (256, 1)]  # down in odd rounds
+    serve = bench.server_command(args, "/models/m", 8310, None)
+    assert serve[serve.index("--max-model-len") + 1] == "3328"  # 3072 + 64 + 128, in steps of 256
+    client = bench.bench_command(args, "/models/m", 8310, "p.jsonl", "out", "plain.json",
+                                 level=16, num_prompts=32, custom=True)
+    for flag, value in (("--dataset-name", "custom"), ("--dataset-path", "p.jsonl"),
+                        ("--custom-output-len", "128"), ("--max-concurrency", "16"),
+                        ("--num-prompts", "32")):
+        assert client[client.index(flag) + 1] == value
+    assert "--spec-bench-output-len" not in client
+
+
+def _serve_record(config, family, level, rnd, tps, ttft=100.0, spec=False):
+    """One server's `vllm bench serve` result of a cell, as bench_serve keeps it."""
+    result = {"duration": 10.0, "completed": 8, "total_output_tokens": tps * 10,
+              "output_throughput": tps, "median_tpot_ms": 50.0, "median_ttft_ms": ttft,
+              "p99_ttft_ms": 2 * ttft}
+    if spec:
+        result.update(spec_decode_num_drafts=10, spec_decode_draft_tokens=40,
+                      spec_decode_accepted_tokens=20, spec_decode_acceptance_rate=50.0,
+                      spec_decode_acceptance_length=3.0)
+    return {"group": 0, "config": config, "family": family, "prompt_tokens": None,
+            "level": level, "round": rnd, "num_prompts": 8, "result": result}
+
+
+def test_bench_serve_renders_a_sweep_from_its_json(tmp_path, isolated):
+    """The summary, table, "stops paying" lines and plot of a synthetic sweep
+    (plain, its A/A control, ngram and swift; levels 1, 2, 4; 2 rounds), as
+    --from-json renders them from a run's .json."""
+    bench = load("bench_serve")
+    plain = {1: (10, 10), 2: (20, 20), 4: (40, 40)}  # tokens/s in rounds 1 and 2
+    others = {"plain (A/A control)": ("control", {1: (9.8, 10.2), 2: (19.6, 20.4), 4: (39.2, 40.8)}),
+              "ngram": ("spec", {1: (12, 13), 2: (21, 19), 4: (34, 38)}),
+              "swift": ("spec", {1: (11, 11), 2: (22, 24), 4: (40, 44)})}
+    records = []
+    for level in (1, 2, 4):
+        for rnd in range(2):
+            records.append(_serve_record("plain", "plain", level, rnd, plain[level][rnd]))
+            for name, (family, tps) in others.items():
+                records.append(_serve_record(name, family, level, rnd, tps[level][rnd],
+                                             ttft=(110.0, 130.0)[rnd] if name == "ngram" else 100.0,
+                                             spec=family == "spec"))
+    args = vars(bench.parse_args(["--max-concurrency", "1", "2", "4", "--rounds", "2"]))
+    run = {"args": args, "model": "/models/Tiny", "stamp": "20260101-120000", "groups": 1,
+           "command": "bench_serve.py --rounds 2", "commands": [], "records": records,
+           "skipped": {}, "failed": []}
+    path = tmp_path / "serve_20260101-120000.json"
+    path.write_text(json.dumps(run))
+    text = bench.rerender(str(path))
+    assert text == (tmp_path / "serve_20260101-120000.md").read_text()
+    assert (tmp_path / "serve_20260101-120000.png").stat().st_size > 0
+    rows = {(line.split(" | ")[0][2:], line.split(" | ")[1]): line for line in text.splitlines()
+            if line.startswith("| ") and not line.startswith("| config")}
+    # config | level | requests | tok/s | speedup | interval | TPOT | TTFT p50 | p99 | TTFT/plain | M | alpha
+    assert rows[("plain", "1")] == "| plain | 1 | 16 | 10.0 | 1.00 | - | 50.0 | 100.0 | 200.0 | 1.00 | - | - |"
+    assert rows[("ngram", "1")] == "| ngram | 1 | 16 | 12.5 | 1.25 | 1.20-1.30 | 50.0 | 120.0 | 240.0 | 1.20 | 3.00 | 0.50 |"
+    assert rows[("ngram", "2")].startswith("| ngram | 2 | 16 | 20.0 | 1.00 | 0.95-1.05 |")
+    assert rows[("ngram", "4")].startswith("| ngram | 4 | 16 | 36.0 | 0.90 | 0.85-0.95 |")
+    assert [rows[("swift", lvl)].split(" | ")[4:6] for lvl in "124"] == [
+        ["1.10", "1.10-1.10"], ["1.15", "1.10-1.20"], ["1.05", "1.00-1.10"]]
+    assert rows[("plain (A/A control)", "4")].split(" | ")[4:6] == ["1.00", "0.98-1.02"]
+    assert "- ngram: stops paying at concurrency 4 (speedup 0.90 < 0.97)" in text
+    assert "- swift: pays at every level measured (1, 2, 4)" in text
+    assert "- plain (A/A control):" not in text  # the control is not speculation
+    assert "Interval: the lowest and highest of the per-round speedups" in text
+
+
+def test_long_prompts_land_near_the_asked_length(tmp_path):
+    """Code to edit and documents to answer from, alternating, each within 10% of
+    the asked token count (SmolLM2's tokenizer where it is prepared, else words
+    and punctuation), every prompt opening with its own tag; the jsonl is what
+    vLLM's custom dataset reads."""
+    import re
+
+    from benchlib.long_prompts import DOC_QUESTIONS, build_prompts, token_counter, write_jsonl
+
+    smollm2 = Path.home() / ".cache" / "vllm_layerskip" / "SmolLM2-135M-Instruct"
+    count = (token_counter(str(smollm2)) if (smollm2 / "tokenizer.json").is_file()
+             else lambda text: len(re.findall(r"\w+|[^\w\s]", text)))
+    for target in (256, 1024):
+        prompts = build_prompts(count, target, 4, start=1, tags=[f"Request {i}.\n\n" for i in range(4)])
+        assert [p["kind"] for p in prompts] == ["code", "docs", "code", "docs"]
+        for i, p in enumerate(prompts):
+            assert abs(count(p["prompt"]) - target) <= 0.1 * target, (target, i, p["prompt_tokens"])
+            assert p["prompt"].startswith(f"Request {i}.\n\n")
+        assert "# file: vllm_layerskip/" in prompts[0]["prompt"]
+        assert prompts[0]["prompt"].rstrip().endswith("```")
+        assert any(prompts[1]["prompt"].endswith(f"\n\nQuestion: {q}") for q in DOC_QUESTIONS)
+        assert len({p["prompt"] for p in prompts}) == 4
+    path = write_jsonl(str(tmp_path / "p.jsonl"), prompts, 64)
+    rows = [json.loads(line) for line in open(path)]
+    assert [set(r) >= {"prompt", "output_tokens"} and r["output_tokens"] == 64 for r in rows] == [True] * 4
 
 
 def test_load_test_report_names_a_server_that_failed(isolated):
