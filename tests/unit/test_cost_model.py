@@ -662,3 +662,18 @@ def test_a_cheap_well_accepted_self_draft_wins_over_a_short_copy():
     for _ in range(copying.warmup_steps):
         copying.choose(1)
     assert copying.choose_with_lookup(1, False, num_lookup=1)[0] == 8
+
+
+def test_solve_3x3_agrees_with_numpy_and_refuses_singular_systems():
+    from vllm_layerskip.core.cost_model.estimators import solve_3x3
+
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        a = rng.normal(size=(3, 3))
+        a = a @ a.T + 1e-3 * np.eye(3)
+        b = rng.normal(size=3)
+        assert np.allclose(solve_3x3(a.tolist(), b.tolist()), np.linalg.solve(a, b),
+                           rtol=1e-6, atol=1e-9)
+    # One size per kind of step: the drafting column is a multiple of the first.
+    assert solve_3x3(((5, 10, 5), (10, 20, 10), (5, 10, 5)), (1, 2, 1)) is None
+    assert solve_3x3(((1, 0, 0), (0, 1e-12, 0), (0, 0, 1)), (1, 1, 1)) is None

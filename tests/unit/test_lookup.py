@@ -88,3 +88,23 @@ def test_an_early_exit_draft_refuses_to_continue_a_copy():
     path = EarlyExitPath(EarlyExit(layers=(2,), transforms=torch.zeros(1, 2, 2), threshold=0.5), 4)
     with pytest.raises(ValueError, match="EarlyExitPath drafts cannot continue a copied draft"):
         engine.draft(runner, requests, path=path)
+
+
+def test_the_most_recent_longest_match_wins_on_random_contexts():
+    """find_continuation against a direct reading of its contract, on small
+    vocabularies (many matches of every length)."""
+    rng = np.random.default_rng(1)
+    for _ in range(3000):
+        tokens = rng.integers(0, int(rng.integers(1, 5)), size=int(rng.integers(1, 40)))
+        max_n = int(rng.integers(1, 5))
+        min_n = int(rng.integers(1, max_n + 1))
+        k = int(rng.integers(1, 5))
+        expected = np.zeros(0, dtype=tokens.dtype)
+        length = len(tokens)
+        for n in range(min(max_n, length - 1), min_n - 1, -1):
+            ends = [e for e in range(n - 1, length - 1)
+                    if np.array_equal(tokens[e - n + 1: e + 1], tokens[length - n:])]
+            if ends:
+                expected = tokens[ends[-1] + 1: ends[-1] + 1 + k]
+                break
+        assert np.array_equal(find_continuation(tokens, max_n, min_n, k), expected)
