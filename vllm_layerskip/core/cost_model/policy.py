@@ -4,7 +4,8 @@ A step that drafts k tokens per request costs k draft forwards plus one verify
 pass over the batch's tokens, and yields, per request, 1 + sum_{j<=k} prod_{i<=j} a_i
 tokens in expectation, where a_i is the conditional acceptance rate of draft
 position i (vLLM stops at the first rejected draft). k = 0 is plain decoding.
-Costs and rates come from core/cost_model/estimators.py, measured while serving:
+Costs and rates come from core/cost_model/verify_cost.py and estimators.py,
+measured while serving:
 a verify line per batch-size bucket (the cost of a token is not one line across
 batch sizes: on Qwen2.5-Coder-1.5B on a 2-core CPU 9 tokens of one request cost
 ~1.07 steps of 1, 8 tokens of eight requests 1.75), a draft-forward cost per
@@ -33,13 +34,15 @@ from typing import NamedTuple
 
 import numpy as np
 
+from vllm_layerskip.core.cost_model.continuation import best_continuation
 from vllm_layerskip.core.cost_model.estimators import (
     DraftCost,
     PositionAcceptance,
-    VerifyCost,
     argmax_length,
     expected_tokens,
 )
+from vllm_layerskip.core.cost_model.summary import policy_summary
+from vllm_layerskip.core.cost_model.verify_cost import VerifyCost
 
 # Draft length of the first steps and of the probes while drafting is off: the
 # first positions' acceptance decides whether any length pays, and a short draft
@@ -214,37 +217,16 @@ class DraftLengthPolicy:
     def continuation_length(self, num_reqs: int, self_plan: tuple[int, int],
                             copy_lengths: np.ndarray, run_out_lengths: np.ndarray) -> int:
         """Self-draft tokens that continue the copied drafts which ran out
-        (`run_out_lengths`: their m copied tokens each), 0: none. The step also
+        (`run_out_lengths`: their m copied tokens each), 0: none; the step also
         verifies the other copied drafts (`copy_lengths`) and `self_plan` =
-        (length, requests) of self-drafts. Continuation tokens count only where
-        the whole copy is accepted (the lookup rates), and they share the step's
-        draft passes: its first pass also feeds the m copied tokens. Nothing
-        measured yet: 0 (no continuation on a guess)."""
-        n = len(run_out_lengths)
+        (length, requests) of self-drafts (core/cost_model/continuation.py)."""
         line = self.verify_line(num_reqs)
-        if not n or len(self.draft_cost) == 0 or len(line) == 0:
-            return 0
-        draft = self.draft_cost.predict
-        self_length, self_rows = self_plan
-        lookup_rates, rates = self.lookup_acceptance.rates(), self.acceptance.rates()
-        copies = np.concatenate([copy_lengths, run_out_lengths]).astype(np.int64)
-        tokens = (num_reqs + sum(expected_tokens(lookup_rates, int(m)) - 1 for m in copies)
-                  + self_rows * (expected_tokens(rates, self_length) - 1))
-        verified = num_reqs + int(copies.sum()) + self_rows * self_length
-        # Requests whose whole copy is accepted, in expectation: those a continuation reaches.
-        reach = sum(float(np.prod(lookup_rates[:m])) for m in run_out_lengths)
-        first_pass = int((run_out_lengths + 1).sum())
-
-        def seconds(j: int) -> float:
-            total = 0.0
-            for step in range(max(self_length, j)):
-                size = (self_rows if step < self_length else 0) + (
-                    (first_pass if step == 0 else n) if step < j else 0)
-                total += draft(size) if size else 0.0
-            return total + line.predict(verified + n * j, drafting=j > 0 or verified > num_reqs)
-
-        best_j, _ = argmax_length(rates, seconds, tokens, reach, self.margin,
-                                  max_length=self.max_k - int(run_out_lengths.min()))
+        if not len(run_out_lengths) or len(self.draft_cost) == 0 or len(line) == 0:
+            return 0  # nothing measured yet: no continuation on a guess
+        best_j = best_continuation(
+            line, self.draft_cost.predict, self.acceptance.rates(),
+            self.lookup_acceptance.rates(), num_reqs, self_plan, copy_lengths,
+            run_out_lengths, self.margin, self.max_k)
         self.continuation_steps += best_j > 0
         return best_j
 
@@ -366,35 +348,5 @@ class DraftLengthPolicy:
         return DraftPlan(k, rows)
 
     def summary(self) -> dict:
-        return {
-            "steps": self.steps,
-            "drafting_fraction": self.steps_drafting / self.steps if self.steps else 0.0,
-            "mean_draft_length": (
-                self.draft_length_sum / self.steps_drafting if self.steps_drafting else 0.0
-            ),
-            "acceptance_by_position": [round(float(r), 3) for r in self.acceptance.rates()],
-            "lookup_steps": self.lookup_steps,
-            "mean_lookup_length": (
-                self.lookup_length_sum / self.lookup_steps if self.lookup_steps else 0.0
-            ),
-            "lookup_acceptance_by_position": [
-                round(float(r), 3) for r in self.lookup_acceptance.rates()
-            ],
-            "continuation_steps": self.continuation_steps,
-            "copies_passed_over": self.copies_passed_over,
-            # Per batch-size bucket: a plain step's verify seconds, what each
-            # more token costs it and what a step that verifies drafts pays on
-            # top of its tokens (VerifyCost); a draft pass for that many
-            # requests. What the decision weighs, for a reader of the status.
-            "verify_ms": {
-                bucket: {"plain": round(1000 * (line.predict(bucket) or 0.0), 1),
-                         "per_token": round(1000 * line.per_token, 2),
-                         "drafting_price": round(1000 * line.drafting_price, 1)}
-                for bucket, line in sorted(self.verify_costs.items()) if len(line)
-            },
-            "draft_ms": {
-                bucket: round(1000 * self.draft_cost.predict(bucket), 1)
-                for bucket in sorted(self.verify_costs) if len(self.draft_cost)
-            },
-            "draft_samples": len(self.draft_cost),
-        }
+        """What the policy decided and what it weighs, for the status."""
+        return policy_summary(self)
