@@ -228,7 +228,7 @@ def free_port() -> int:
 
 class Server:
     def __init__(self, model: str, spec: dict | None, args, workdir: Path, name: str):
-        from vllm_layerskip.core.proposer import STATUS_FILE_ENV  # imports vLLM: not at --help
+        from vllm_layerskip.core.proposer_stats import STATUS_FILE_ENV  # imports vLLM: not at --help
 
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 import time
 
 import numpy as np
@@ -30,16 +29,11 @@ from vllm_layerskip.core.load_checks import (
 from vllm_layerskip.core.lookup import lookup_drafts
 from vllm_layerskip.core.rank_agreement import rank_agreement
 from vllm_layerskip.core.selection import get_selection
-from vllm_layerskip.core.proposer_stats import ProposerStats, RequestBookkeeping
+from vllm_layerskip.core.proposer_stats import ProposerStats, RequestBookkeeping, StatusReports
 from vllm_layerskip.core.step_plan import StepPlan, copy_plan, plan_step, probe_rows
-from vllm_layerskip.core.versioned_file import write_json_atomic
 
 logger = logging.getLogger("vllm.layerskip")
 
-LOG_INTERVAL_S = 30.0
-# Debugging and load tests (benchmarks/load_test.py): the proposer's status() as JSON
-# in this file, rewritten after every step (by tensor-parallel rank 0 only).
-STATUS_FILE_ENV = "VLLM_LAYERSKIP_STATUS_FILE"
 
 
 class LayerSkipProposerBase:
@@ -81,9 +75,8 @@ class LayerSkipProposerBase:
         self._last_drafted: dict[str, tuple[int, int]] = {}
         self._last_end: float | None = None
         self._probe_offset = 0  # where the next probe's rows start in the batch
-        self._last_log = time.monotonic()
         self.bookkeeping = RequestBookkeeping()
-        self._status_file = os.environ.get(STATUS_FILE_ENV) or None
+        self.reports = StatusReports()
         # set_drafting_paused(): steps decode as plain decoding, learning nothing.
         self.drafting_paused = False
         # set_prompt_lookup_paused(): the method self-drafts alone (no copies).
@@ -176,8 +169,7 @@ class LayerSkipProposerBase:
         self.stats.record(result, draft_seconds,
                           sum(c for c, _ in self._last_drafted.values()))
         self.bookkeeping.observe(req_ids, self.tracked_request_ids())
-        self._maybe_log()
-        self._maybe_write_status()
+        self.reports.after_step(self.method, self.status, self.agreement.is_leader)
         self._last_end = time.perf_counter()
         self.stats.propose_seconds += self._last_end - start
         if not self._last_drafted:
@@ -333,12 +325,6 @@ class LayerSkipProposerBase:
                 num_reqs=len(scheduler_output.num_scheduled_tokens),
             )
 
-    def _maybe_log(self) -> None:
-        if time.monotonic() - self._last_log < LOG_INTERVAL_S:
-            return
-        self._last_log = time.monotonic()
-        logger.info("vllm-layerskip %s: %s", self.method, self.status())
-
     @property
     def self_drafted_last_step(self) -> bool:
         """Whether the last step ran a draft pass (lookup drafts do not)."""
@@ -350,17 +336,6 @@ class LayerSkipProposerBase:
         subclass that keeps per-request state adds its ids here, and the status
         shows any id kept beyond the batch."""
         return set(self._last_drafted)
-
-    def _maybe_write_status(self) -> None:
-        if self._status_file is None or not self.agreement.is_leader:
-            return
-        status = {"method": self.method, "written_at": time.time(), **self.status()}
-        try:
-            write_json_atomic(self._status_file, status, durable=False, default=str)
-        except OSError as e:  # a debugging aid must not stop serving
-            logger.error("vllm-layerskip: cannot write %s=%s (%s); no longer writing it",
-                         STATUS_FILE_ENV, self._status_file, e)
-            self._status_file = None
 
     def status(self) -> dict:
         status = self.stats.as_dict()

@@ -1,9 +1,46 @@
 """What a proposer counts for its status and for benchmarks: drafts and
-acceptance per source, time spent, and the per-request state it holds."""
+acceptance per source, time spent, and the per-request state it holds; and
+where the status goes (the log every LOG_INTERVAL_S, the status file)."""
 
 from __future__ import annotations
 
+import logging
+import os
+import time
+from typing import Callable
+
 from vllm_layerskip.core.draft_engine import DraftResult
+from vllm_layerskip.core.versioned_file import write_json_atomic
+
+logger = logging.getLogger("vllm.layerskip")
+
+LOG_INTERVAL_S = 30.0
+# Debugging and load tests (benchmarks/load_test.py): the proposer's status() as JSON
+# in this file, rewritten after every step (by tensor-parallel rank 0 only).
+STATUS_FILE_ENV = "VLLM_LAYERSKIP_STATUS_FILE"
+
+
+class StatusReports:
+    """The proposer's status in the log every LOG_INTERVAL_S seconds, and in
+    the file STATUS_FILE_ENV names (if set) after every step."""
+
+    def __init__(self):
+        self._last_log = time.monotonic()
+        self.status_file = os.environ.get(STATUS_FILE_ENV) or None
+
+    def after_step(self, method: str, status: Callable[[], dict], is_leader: bool) -> None:
+        if time.monotonic() - self._last_log >= LOG_INTERVAL_S:
+            self._last_log = time.monotonic()
+            logger.info("vllm-layerskip %s: %s", method, status())
+        if self.status_file is None or not is_leader:
+            return
+        report = {"method": method, "written_at": time.time(), **status()}
+        try:
+            write_json_atomic(self.status_file, report, durable=False, default=str)
+        except OSError as e:  # a debugging aid must not stop serving
+            logger.error("vllm-layerskip: cannot write %s=%s (%s); no longer writing it",
+                         STATUS_FILE_ENV, self.status_file, e)
+            self.status_file = None
 
 
 class RequestBookkeeping:
