@@ -64,6 +64,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--window", type=int, default=12, help="engine steps a mode runs at a time")
     p.add_argument("--minutes", type=float, default=8.0, help="timed minutes per method")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="run each method this many times, each in a fresh engine (its cost "
+                        "model learning from nothing): the report gives each repeat and the spread")
     p.add_argument("--no-alone", action="store_true",
                    help="leave out the mode with prompt lookup paused (the method alone)")
     add_method_engine_arguments(p)
@@ -203,7 +206,54 @@ def idle_overhead(spans: list[dict], method: str) -> str:
             f"where it drafted nothing: {100 * ms / step_ms:.2f}% of a paused decode step (median {step_ms:.1f} ms)")
 
 
-def run_method(method: str, args, model: str, questions: list[dict]) -> tuple[list[dict], dict]:
+CYCLES_PER_REPEAT = 100_000
+
+
+def cost_model_summary(engine) -> dict | None:
+    """The plugin's cost model at the end of a run (its share of steps that
+    self-drafted, its estimates); None for vLLM's ngram or without it."""
+    from vllm_layerskip.core.measure import proposer_stats
+
+    if engine.config.family != "plugin":
+        return None
+    return proposer_stats(engine.llm).get("cost_model")
+
+
+def repeat_lines(spans: list[dict], methods: list[str], infos: dict) -> str:
+    """With --repeat: each repeat's speedup (decode steps, and decode + prefill
+    cost) over paused, its A/A control and the cost model's share of steps
+    that self-drafted; then the spread of the repeats around their mean."""
+    repeats = sorted({s.get("repeat", 0) for s in spans})
+    if len(repeats) < 2:
+        return ""
+    lines = ["", "| method | repeat | drafting on, decode steps | decode + prefill cost | "
+             "A/A control, decode steps | steps self-drafting (cost model) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    spread = []
+    for method in methods:
+        points = []
+        for r in repeats:
+            mine = [s for s in spans if s["method"] == method and s.get("repeat", 0) == r]
+            on = speedup(mine, ON, (PAUSED,), "decode")
+            modelled = speedup(mine, ON, (PAUSED,), "modelled")
+            again = speedup(mine, AGAIN, (PAUSED,), "decode")
+            summary = (infos.get(f"{method}#{r}") or {}).get("cost_model") or {}
+            share = summary.get("drafting_fraction")
+            lines.append(f"| {method} | {r + 1} | {_fmt(on)} | {_fmt(modelled)} | {_fmt(again)} | "
+                         + ("-" if share is None else f"{100 * share:.0f}%") + " |")
+            if on is not None:
+                points.append(on[0])
+        if len(points) >= 2:
+            mean = float(np.mean(points))
+            worst = max(abs(p / mean - 1) for p in points)
+            spread.append(f"- {method}: drafting on over paused (decode steps) {min(points):.2f}-"
+                          f"{max(points):.2f}x over {len(points)} repeats, mean {mean:.2f}x, "
+                          f"each within +-{100 * worst:.1f}% of it")
+    return "\n".join(lines + [""] + spread) + "\n"
+
+
+def run_method(method: str, args, model: str, questions: list[dict],
+               repeat: int = 0) -> tuple[list[dict], dict]:
     from vllm import SamplingParams
 
     from vllm_layerskip.core.measure import chat_prompts
@@ -235,15 +285,18 @@ def run_method(method: str, args, model: str, questions: list[dict]) -> tuple[li
                 before = draft_counts(engine)
                 span = run_span(stream, mode, args.window, set_mode)
                 after = draft_counts(engine)
-                span.update({k: after[k] - before[k] for k in after},
-                            method=method, cycle=cycle, at=time.perf_counter() - start)
+                # Cycles are numbered apart per repeat: intervals pair a cycle's spans.
+                span.update({k: after[k] - before[k] for k in after}, method=method,
+                            repeat=repeat, cycle=repeat * CYCLES_PER_REPEAT + cycle,
+                            at=time.perf_counter() - start)
                 spans.append(span)
-            last = [s for s in spans if s["cycle"] == cycle]
+            last = [s for s in spans if s["cycle"] == repeat * CYCLES_PER_REPEAT + cycle]
             print(f"  cycle {cycle:3d}: " + ", ".join(
                 f"{s['mode']} {s['tokens'] / s['seconds']:.1f} tok/s" for s in last), flush=True)
             cycle += 1
         info = {"startup_seconds": engine.startup_seconds, "spec": engine.config.spec, "modes": modes,
-                "requests_finished": stream.num_finished, "status": draft_counts(engine)}
+                "requests_finished": stream.num_finished, "status": draft_counts(engine),
+                "cost_model": cost_model_summary(engine)}
     finally:
         engine.shutdown()
     return spans, info
@@ -396,9 +449,10 @@ def rerender(path: str) -> None:
     header) and the plot, from a run's saved spans."""
     with open(path) as f:
         run = json.load(f)
-    methods = list(run["methods"])
+    methods = list(dict.fromkeys(name.split("#")[0] for name in run["methods"]))
     base = path[: -len(".json")]
-    text = table(run["spans"], methods) + "\n" + overhead_lines(run["spans"], methods) + NOTE
+    text = (table(run["spans"], methods) + "\n" + overhead_lines(run["spans"], methods)
+            + repeat_lines(run["spans"], methods, run["methods"]) + NOTE)
     header = ""
     if os.path.exists(base + ".md"):
         with open(base + ".md") as f:
@@ -427,16 +481,20 @@ def main() -> None:
     questions = load_questions(benchmark_dataset(args.dataset_path))
     started = datetime.datetime.now(datetime.timezone.utc)
     spans, infos = [], {}
-    for method in args.methods:
-        mine, infos[method] = run_method(method, args, model, questions)
-        spans += mine
+    for repeat in range(args.repeat):
+        for method in args.methods:
+            mine, info = run_method(method, args, model, questions, repeat)
+            infos[method if args.repeat == 1 else f"{method}#{repeat}"] = info
+            spans += mine
     header = (f"# Drafting on against paused, taking turns every {args.window} steps in one engine\n\n"
               f"`{' '.join(['bench_interleaved.py', *sys.argv[1:]])}`; model `{model}`, dtype "
               f"{args.dtype}, {'compiled' if args.compile else 'eager'}, K = {args.k}, "
               f"{args.in_flight} requests in flight, {args.max_tokens} tokens a request, T = "
-              f"{args.temperature:g}, {args.minutes:g} timed minutes a method; "
+              f"{args.temperature:g}, {args.minutes:g} timed minutes a method"
+              f"{f' in each of {args.repeat} fresh engines' if args.repeat > 1 else ''}; "
               f"{started:%Y-%m-%d %H:%M}-{datetime.datetime.now(datetime.timezone.utc):%H:%M} UTC.\n")
-    text = header + "\n" + table(spans, args.methods) + "\n" + overhead_lines(spans, args.methods) + NOTE
+    text = (header + "\n" + table(spans, args.methods) + "\n" + overhead_lines(spans, args.methods)
+            + repeat_lines(spans, args.methods, infos) + NOTE)
     base = write_run(args.out, f"interleaved_{started:%Y%m%d-%H%M%S}", text,
                      {"args": vars(args), "methods": infos, "spans": spans})
     plot(base, spans, args.methods)

@@ -95,6 +95,37 @@ def test_bench_interleaved_renders_a_saved_run_again(tmp_path, isolated):
             "drafted nothing: 0.10% of a paused decode step (median 500.0 ms)") in text
 
 
+def test_bench_interleaved_reports_each_repeat_and_the_spread(tmp_path, isolated):
+    """--repeat 2: a row per repeat (its speedup, A/A, the cost model's share of
+    self-drafting steps) and the spread of the repeats around their mean."""
+    bench = load("bench_interleaved")
+
+    def span(mode, repeat, cycle, tokens):
+        return {"method": "quantized", "mode": mode, "repeat": repeat,
+                "cycle": repeat * bench.CYCLES_PER_REPEAT + cycle, "at": 0.0, "steps": 10,
+                "seconds": 10.0, "tokens": tokens, "decode_seconds": 10.0,
+                "decode_tokens": tokens, "step_seconds": [1.0] * 10, "step_prefill": [False] * 10,
+                "self_drafted": 0, "self_accepted": 0, "copied": 0, "copied_accepted": 0}
+
+    # Repeat 1: drafting on 110 tokens against 100 paused; repeat 2: 130.
+    spans = [span(mode, r, c, tokens)
+             for r, on in ((0, 110), (1, 130)) for c in range(2)
+             for mode, tokens in ((bench.ON, on), (bench.PAUSED, 100), (bench.AGAIN, 100))]
+    infos = {"quantized#0": {"cost_model": {"drafting_fraction": 0.40}},
+             "quantized#1": {"cost_model": {"drafting_fraction": 0.75}}}
+    run = tmp_path / "interleaved_rep.json"
+    run.write_text(json.dumps({"methods": infos, "spans": spans}))
+    bench.rerender(str(run))
+    text = (tmp_path / "interleaved_rep.md").read_text()
+    assert "| quantized | 1 | 1.10 (1.10-1.10) | 1.10 (1.10-1.10) | 1.00 (1.00-1.00) | 40% |" in text
+    assert "| quantized | 2 | 1.30 (1.30-1.30) | 1.30 (1.30-1.30) | 1.00 (1.00-1.00) | 75% |" in text
+    assert ("- quantized: drafting on over paused (decode steps) 1.10-1.30x over 2 repeats, "
+            "mean 1.20x, each within +-8.3% of it") in text
+    # The pooled table pairs spans within a cycle of one repeat only.
+    on = next(line for line in text.splitlines() if "| drafting on |" in line)
+    assert on.startswith("| quantized | drafting on | 4 | 40 | 12.00 | 1.20 (1.10-1.30) |")
+
+
 def test_bench_methods_report_renders_from_synthetic_turns(tmp_path, isolated):
     """What bench_methods.py does with its turns once the engines are gone:
     parity, sums, paired intervals, the markdown report and the CSV."""
