@@ -36,11 +36,15 @@ def get(url, timeout=5):
         return r.status, r.read().decode()
 
 
-def launch_server(model, spec, log):
-    """Starts `vllm serve` and returns at once: (process, base URL)."""
+def launch_server(model, spec, log, status_file=None):
+    """Starts `vllm serve` and returns at once: (process, base URL). With
+    `status_file`, the proposer writes its status there after every step."""
     port = free_port()
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    if status_file:
+        env["VLLM_LAYERSKIP_STATUS_FILE"] = str(status_file)
     proc = subprocess.Popen(serve_command(model, port, spec), stdout=log,
-                            stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+                            stderr=subprocess.STDOUT, env=env)
     return proc, f"http://127.0.0.1:{port}"
 
 
@@ -80,13 +84,17 @@ def servers(smollm2_path, tmp_path_factory):
     folder = tmp_path_factory.mktemp("serve")
     specs = {"layer_skip": SPEC, "swift": SWIFT_SPEC, "bad_config": BAD_SPEC}
     logs = {name: open(folder / f"{name}.log", "w+") for name in specs}
-    started = {name: launch_server(smollm2_path, spec, logs[name]) for name, spec in specs.items()}
+    status = folder / "layer_skip.status.json"
+    started = {name: launch_server(smollm2_path, spec, logs[name],
+                                   status if name == "layer_skip" else None)
+               for name, spec in specs.items()}
     healthy = ("layer_skip", "swift")
     try:
         deadline = time.time() + 300
         for name in healthy:
             wait_healthy(*started[name], logs[name], deadline)
         yield {"model": smollm2_path, "bad_config": started["bad_config"][0], "logs": logs,
+               "status_file": status,
                **{name: started[name][1] for name in healthy}}
     finally:
         for proc, _ in started.values():
@@ -194,3 +202,74 @@ def test_swift_server_serves_concurrent_streams(servers):
     assert metric(text, "vllm:spec_decode_num_drafts_total") > 0
     assert "vllm-layerskip swift: accumulating, r=0.45" in server_log
     assert "Traceback" not in server_log
+
+
+def test_cancelled_and_malformed_requests_leave_the_others_exact(servers):
+    """Faults while the server is busy: 12 streamed requests at once, 4 of them
+    closed by the client after two chunks (aborted while drafts run), and 3
+    malformed requests among them. Every other request completes with the text
+    the swift server gives it (both are plain decoding's, float32 greedy), the
+    malformed ones get a 4xx, the server stays healthy, and the proposer keeps
+    no state of the aborted requests (its status at the step of one more
+    request, alone: one request in the batch, none tracked outside it)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    model = servers["model"]
+    prompts = [f"Write a short story about a {w}." for w in
+               ("cat", "robot", "river", "lighthouse", "dragon", "teacher", "comet", "baker",
+                "violin", "glacier", "spider", "train")]
+    cancelled = {1, 4, 7, 10}
+    messages = [{"role": "user", "content": "Hi"}]
+    malformed = [b'{"model": "m", "messages": [{"role": ',
+                 json.dumps({"model": model, "messages": messages, "max_tokens": -1}).encode(),
+                 json.dumps({"model": "no-such-model", "messages": messages}).encode()]
+
+    def stream(base, i):
+        chunks = client(base).chat.completions.create(
+            model=model, temperature=0, max_tokens=48, stream=True,
+            messages=[{"role": "user", "content": prompts[i]}])
+        text, finish = [], None
+        for n, chunk in enumerate(chunks):
+            if base == servers["layer_skip"] and i in cancelled and n == 2:
+                chunks.close()  # the client goes away mid-stream
+                return None
+            if chunk.choices:
+                text.append(chunk.choices[0].delta.content or "")
+                finish = chunk.choices[0].finish_reason or finish
+        assert finish in ("stop", "length"), (i, finish)
+        return "".join(text)
+
+    def post_malformed(body):
+        req = urllib.request.Request(servers["layer_skip"] + "/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            urllib.request.urlopen(req, timeout=60)
+        except urllib.error.HTTPError as e:
+            return e.code
+        return 200
+
+    with ThreadPoolExecutor(len(prompts) + len(malformed)) as pool:
+        answers = [pool.submit(stream, servers["layer_skip"], i) for i in range(len(prompts))]
+        codes = [pool.submit(post_malformed, body) for body in malformed]
+        got = [a.result() for a in answers]
+        codes = [c.result() for c in codes]
+        expected = list(pool.map(lambda i: stream(servers["swift"], i),
+                                 [i for i in range(len(prompts)) if i not in cancelled]))
+    survivors = [t for i, t in enumerate(got) if i not in cancelled]
+    assert all(got[i] is None for i in cancelled)
+    assert survivors == expected and all(len(t) > 40 for t in survivors), survivors
+    assert all(400 <= c < 500 for c in codes), codes
+    assert get(servers["layer_skip"] + "/health")[0] == 200
+
+    before = time.time()
+    client(servers["layer_skip"]).chat.completions.create(
+        model=model, temperature=0, max_tokens=16,
+        messages=[{"role": "user", "content": "Name three colours."}])
+    status = json.loads(servers["status_file"].read_text())
+    assert status["written_at"] >= before
+    requests = status["requests"]
+    assert requests["in_batch"] == 1 and requests["tracked"] <= 1, requests
+    assert not requests["tracked_outside_batch"], requests
+    log = servers["logs"]["layer_skip"]
+    log.seek(0)
+    assert "Traceback" not in log.read()
