@@ -108,6 +108,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--draft-weights", nargs="+", choices=("default", *DRAFT_WEIGHT_SCHEMES), default=None,
                    help="each plugin method once per draft_weights setting (quantized copies of "
                         "the linear weights that draft passes read; default: the plugin's)")
+    p.add_argument("--draft-weights-grid", nargs="+", choices=("auto", "minmax"), default=None,
+                   help="each plugin method with int4 draft weights once per draft_weights_grid "
+                        "(\"auto\": a 4-bit checkpoint's own grid where its groups show one; "
+                        "\"minmax\": the grid a checkpoint never quantized gets)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--compile", action="store_true",
                    help="vLLM's default model compilation (torch.compile, inductor on CPU), "

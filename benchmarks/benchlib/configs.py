@@ -163,20 +163,32 @@ def build_configs(args, model_path: str) -> list[Config]:
             else:  # adadecode: the exit heads shipped with the plugin
                 configs.append(Config(method + suffix, method,
                                       spec_for(method, {**base, **SHIPPED_FILE_OPTIONS[method]}), reason))
-    return [plain for plain in configs if plain.family != "plugin"] + with_variants(
+    configs = [plain for plain in configs if plain.family != "plugin"] + with_variants(
         [c for c in configs if c.family == "plugin"], args)
+    for config in configs:  # a K set per method (--method-options) is named in its row
+        own_k = (config.spec or {}).get("num_speculative_tokens", k)
+        if own_k != k:
+            config.name += f", K={own_k}"
+    return configs
 
 
 def with_variants(configs: list[Config], args) -> list[Config]:
     """Each plugin configuration once per --draft-vocab-size, per
-    --prompt-lookup setting and per --draft-weights (rows in that order, the
-    plugin's default first)."""
+    --prompt-lookup setting, per --draft-weights and, where its draft weights are
+    int4, per --draft-weights-grid (rows in that order, the plugin's default first)."""
     out = []
     for config in configs:
-        for size, lookup, weights in itertools.product(
+        for size, lookup, weights, grid in itertools.product(
                 getattr(args, "draft_vocab_sizes", None) or [None],
                 getattr(args, "prompt_lookup", None) or ["default"],
-                getattr(args, "draft_weights", None) or ["default"]):
+                getattr(args, "draft_weights", None) or ["default"],
+                getattr(args, "draft_weights_grid", None) or [None]):
+            int4 = weights == "int4" or (weights == "default" and config.method == "quantized"
+                                         and config.spec.get("draft_weights", "int4") == "int4")
+            if grid is not None and not int4:
+                if grid != args.draft_weights_grid[0]:
+                    continue  # no grid to choose: one row, not one per grid
+                grid = None
             spec, label = dict(config.spec), config.name
             if size is not None:
                 spec["draft_vocab_size"] = size
@@ -194,6 +206,9 @@ def with_variants(configs: list[Config], args) -> list[Config]:
             if weights != "default":
                 spec["draft_weights"] = weights
                 label += f", {weights} draft weights"
+            if grid is not None:
+                spec["draft_weights_grid"] = grid
+                label += f", {grid} grid"
             out.append(Config(label, config.method, spec, config.skip_reason, config.family,
                               dict(config.extra)))
     return out

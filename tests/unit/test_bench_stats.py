@@ -526,8 +526,24 @@ def test_draft_model_runs_the_given_draft_at_k_beside_ngram(tmp_path):
     configs = _peer_configs(target, "--methods", "draft_model", "--draft-model", draft,
                             "--method-options", '{"draft_model": {"num_speculative_tokens": 3}}')
     assert configs["draft_model"].spec["num_speculative_tokens"] == 3
+    assert configs["draft_model"].name == "draft_model draft, K=3"  # not the run's K: named
     # Asked for only: it needs a second model prepared.
     assert "draft_model" in METHODS and "draft_model" not in DEFAULT_METHODS
+
+
+def test_grid_variants_only_where_draft_weights_are_int4(tmp_path):
+    from bench_methods import parse_args
+    from benchlib.configs import build_configs
+
+    target = _checkpoint(tmp_path / "target", 3, {"a": 0})
+    rows = build_configs(parse_args(["--k", "4", "--methods", "plain", "quantized", "layer_skip",
+                                     "--ratios", "0.5", "--draft-weights-grid", "auto", "minmax"]),
+                         target)
+    names = {c.name: c.spec for c in rows}
+    assert names["quantized, auto grid"]["draft_weights_grid"] == "auto"
+    assert names["quantized, minmax grid"]["draft_weights_grid"] == "minmax"
+    assert "layer_skip r=0.5" in names and "draft_weights_grid" not in names["layer_skip r=0.5"]
+    assert len(rows) == 4  # plain, two quantized rows, one layer_skip row (its weights: no grid)
 
 
 def test_draft_model_defaults_to_the_prepared_qwen_0_5b(tmp_path, monkeypatch):

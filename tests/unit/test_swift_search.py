@@ -226,7 +226,7 @@ def test_acceptance_drop_resumes_optimization():
     assert search.phase == "optimizing" and search.reoptimizations == 1
     best, scored = search.best, search.total_opt_steps
     drive(search, engine, runner, 1)
-    assert search.best == best or search.best_matchness >= 0.5
+    assert search.best == best  # every candidate scores 0.5: none beats the kept set
     drive(search, engine, runner, 5)
     assert search.total_opt_steps > scored  # candidates are scored again
 
