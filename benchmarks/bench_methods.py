@@ -54,7 +54,8 @@ def lookup_setting(text: str) -> str:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None,
-                   help="default: SmolLM2-135M-Instruct; 'identity-padded': SmolLM2 with an "
+                   help="a checkpoint directory, or a name `vllm-layerskip prepare-model` "
+                        "knows (qwen2.5-coder-1.5b, ...); default: SmolLM2-135M-Instruct; 'identity-padded': SmolLM2 with an "
                         "identity layer after each layer, layer_skip skipping those "
                         "(benchlib/padded_model.py: a draft that beats plain decoding here)")
     p.add_argument("--methods", nargs="+", choices=METHODS, default=list(DEFAULT_METHODS),
@@ -268,10 +269,12 @@ def main() -> None:
 
     from benchlib import figures, padded_model, report
     from benchlib.engines import engines_that_fit
-    from vllm_layerskip.tools.prepare_model import ensure_default_model
+    from vllm_layerskip.tools.prepare_model import CATALOG, ensure_default_model, ensure_model
     from vllm_layerskip.tools.prompts import benchmark_dataset
 
     model = args.model or ensure_default_model()
+    if model in CATALOG:  # a name `vllm-layerskip prepare-model` knows
+        model = ensure_model(model, quiet=True)
     if model == padded_model.NAME:
         base = ensure_default_model()
         model = padded_model.ensure_padded_model(base)
