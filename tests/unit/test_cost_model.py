@@ -386,6 +386,33 @@ def test_verify_cost_is_learnt_per_batch_size():
     assert set(policy.verify_costs) == {1, 8}
 
 
+def test_load_rising_turns_copies_off_and_load_falling_turns_them_on_again():
+    """One policy through a load change: 1 request, then 8 (verify compute-bound:
+    copies stop but for probes), then 1 again (copies resume at once: the batch-1
+    line is still known, not relearnt)."""
+    policy = DraftLengthPolicy(8, probe_interval=4)
+    rng = np.random.default_rng(1)
+    phases = []
+    for num_reqs in (1, 8, 1):
+        lengths = []
+        for _ in range(200):
+            lookup, _ = policy.choose_with_lookup(num_reqs, False, num_lookup=num_reqs)
+            lengths.append(lookup)
+            for _ in range(num_reqs if lookup else 0):
+                accepted = 0
+                while accepted < lookup and rng.random() < 0.6:
+                    accepted += 1
+                policy.observe_acceptance(lookup, accepted, lookup=True)
+            tokens = num_reqs * (1 + lookup)
+            policy.observe_verify(tokens, _memory_then_compute_bound(tokens), num_reqs=num_reqs)
+        phases.append(lengths)
+    light, loaded, light_again = phases
+    assert np.mean(light[50:]) > 4
+    assert sum(k > 0 for k in loaded[20:]) <= len(loaded[20:]) // 4 + 2  # probes only
+    assert all(k >= 3 for k in light_again[:10]), light_again[:10]  # at once
+    assert np.mean(light_again[50:]) > 4
+
+
 def test_a_batch_size_not_measured_yet_is_probed_before_drafting():
     policy = _lookup_policy(lookup_rate=0.8, self_rate=0.8, draft_cost=0.02)
     lookup, plan = policy.choose_with_lookup(16, False, num_lookup=8)
