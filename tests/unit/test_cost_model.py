@@ -193,10 +193,20 @@ def test_no_drafting_on_a_guess_while_prompts_are_prefilled():
     # short and for a few of the requests.
     policy.observe_verify(58, 0.2, num_reqs=58)
     assert policy.choose(58, prefilling=False) == (PROBE_LENGTH, PROBE_ROWS)
-    # Once something is measured, steps with prompt chunks are decided as others.
+    # Once something is measured, a step with prompt chunks still self-drafts
+    # nothing: its output (those requests' first tokens) would wait for the
+    # draft passes.
     policy.observe_draft(58, 0.1)
     policy.observe_verify(58 * 5, 0.9, num_reqs=58)
-    assert policy.choose(58, prefilling=True) == policy.choose(58, prefilling=False)
+    assert policy.choose(58, prefilling=True) == (0, 0)
+
+
+def test_copies_still_run_in_a_step_that_prefilled_prompts():
+    policy = _lookup_policy(lookup_rate=0.8, self_rate=0.8, draft_cost=0.02)
+    lookup, plan = policy.choose_with_lookup(1, True, num_lookup=1)
+    assert lookup > 0 and plan.length == 0  # a copy: no draft pass delays the first token
+    lookup, plan = policy.choose_with_lookup(2, True, num_lookup=1)
+    assert plan == (0, 0)  # the request without a copy self-drafts nothing this step
 
 
 def test_probes_draft_for_a_few_requests_of_a_large_batch():
