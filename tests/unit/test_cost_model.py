@@ -371,21 +371,29 @@ def _memory_then_compute_bound(tokens: int) -> float:
     return 0.2 + 0.005 * min(tokens, 8) + 0.023 * max(tokens - 8, 0)
 
 
+def _copy_steps(policy, num_reqs: int, steps: int, rng) -> list[int]:
+    """`steps` steps of `num_reqs` requests that all have a lookup match, copies
+    accepted at 60% a token, verify costs as `_memory_then_compute_bound`: the
+    copy length chosen each step."""
+    lengths = []
+    for _ in range(steps):
+        lookup, _ = policy.choose_with_lookup(num_reqs, False, num_lookup=num_reqs)
+        lengths.append(lookup)
+        for _ in range(num_reqs if lookup else 0):
+            accepted = 0
+            while accepted < lookup and rng.random() < 0.6:
+                accepted += 1
+            policy.observe_acceptance(lookup, accepted, lookup=True)
+        tokens = num_reqs * (1 + lookup)
+        policy.observe_verify(tokens, _memory_then_compute_bound(tokens), num_reqs=num_reqs)
+    return lengths
+
+
 def test_verify_cost_is_learnt_per_batch_size():
     policy = DraftLengthPolicy(8, probe_interval=4)
     rng = np.random.default_rng(0)
-    lengths = {1: [], 8: []}
-    for num_reqs in (1, 8):  # batch 1 first, then 8 requests, all with a lookup match
-        for _ in range(300):
-            lookup, plan = policy.choose_with_lookup(num_reqs, False, num_lookup=num_reqs)
-            lengths[num_reqs].append(lookup)
-            for _ in range(num_reqs if lookup else 0):
-                accepted = 0
-                while accepted < lookup and rng.random() < 0.6:
-                    accepted += 1
-                policy.observe_acceptance(lookup, accepted, lookup=True)
-            tokens = num_reqs * (1 + lookup)
-            policy.observe_verify(tokens, _memory_then_compute_bound(tokens), num_reqs=num_reqs)
+    # batch 1 first, then 8 requests, all with a lookup match
+    lengths = {n: _copy_steps(policy, n, 300, rng) for n in (1, 8)}
     # One request: verifying 9 tokens costs 1.2 steps of 1, so long copies pay.
     assert np.mean(lengths[1][50:]) > 4
     # Eight: 2 copied tokens each would cost 1.8 steps for ~1.8x the tokens at
@@ -402,21 +410,7 @@ def test_load_rising_turns_copies_off_and_load_falling_turns_them_on_again():
     line is still known, not relearnt)."""
     policy = DraftLengthPolicy(8, probe_interval=4)
     rng = np.random.default_rng(1)
-    phases = []
-    for num_reqs in (1, 8, 1):
-        lengths = []
-        for _ in range(200):
-            lookup, _ = policy.choose_with_lookup(num_reqs, False, num_lookup=num_reqs)
-            lengths.append(lookup)
-            for _ in range(num_reqs if lookup else 0):
-                accepted = 0
-                while accepted < lookup and rng.random() < 0.6:
-                    accepted += 1
-                policy.observe_acceptance(lookup, accepted, lookup=True)
-            tokens = num_reqs * (1 + lookup)
-            policy.observe_verify(tokens, _memory_then_compute_bound(tokens), num_reqs=num_reqs)
-        phases.append(lengths)
-    light, loaded, light_again = phases
+    light, loaded, light_again = (_copy_steps(policy, n, 200, rng) for n in (1, 8, 1))
     assert np.mean(light[50:]) > 4
     assert sum(k > 0 for k in loaded[20:]) <= len(loaded[20:]) // 4 + 2  # probes only
     assert all(k >= 3 for k in light_again[:10]), light_again[:10]  # at once
