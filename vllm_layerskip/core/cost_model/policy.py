@@ -307,12 +307,9 @@ class DraftLengthPolicy:
         if num_reqs == 0:
             return DraftPlan(0, 0)
         if prefilling:
-            # The step just run also prefilled prompts, and its output (those
-            # requests' first tokens) goes out only after this step's draft
-            # passes: a self-draft here adds them to the time to first token
-            # (TTFT p50 1.6x plain's at 1 request through `vllm serve`, Qwen int4
-            # K 8, benchmarks/results/2026-12-03/). It saves one step of drafts
-            # a request. Copies cost no draft pass and are still chosen.
+            # The first tokens of the prompts just prefilled leave only after this
+            # step's draft passes (TTFT p50 1.6x plain's with them, 1.01x without:
+            # benchmarks/results/2026-12-03/serve_*.md). Copies still run.
             return DraftPlan(0, 0)
         line = self.verify_line(self._last_bucket)
         probe = False
