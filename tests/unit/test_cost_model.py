@@ -207,6 +207,14 @@ def test_copies_still_run_in_a_step_that_prefilled_prompts():
     assert lookup > 0 and plan.length == 0  # a copy: no draft pass delays the first token
     lookup, plan = policy.choose_with_lookup(2, True, num_lookup=1)
     assert plan == (0, 0)  # the request without a copy self-drafts nothing this step
+    # Where a self-draft would win over the copy, the copy still runs after a
+    # prefill: the self-draft would not.
+    cheap = _lookup_policy(lookup_rate=0.6, self_rate=0.95, draft_cost=0.04, k=8)
+    for _ in range(cheap.warmup_steps):
+        cheap.choose(1)
+    assert cheap.choose_with_lookup(1, False, num_lookup=1)[0] == 0
+    lookup, plan = cheap.choose_with_lookup(1, True, num_lookup=1)
+    assert lookup > 0 and plan == (0, 0), (lookup, plan)
 
 
 def test_probes_draft_for_a_few_requests_of_a_large_batch():

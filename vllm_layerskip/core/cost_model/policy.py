@@ -269,7 +269,8 @@ class DraftLengthPolicy:
         # The copies' expected and verified tokens, sharing the step's verify pass.
         rates = self.lookup_acceptance.rates()
         others = (num_lookup * expected_tokens(rates, lookup), num_lookup * (1 + lookup))
-        if not probe and self._measured(num_reqs) and self._self_drafts_win(
+        # After a prefill nothing self-drafts (_choose), so no self-draft can win.
+        if not probe and not prefilling and self._measured(num_reqs) and self._self_drafts_win(
                 num_reqs, num_lookup, lookup, others):
             self.copies_passed_over += 1
             return 0, self._choose(num_reqs, prefilling, (0.0, 0))
