@@ -178,39 +178,35 @@ def with_variants(configs: list[Config], args) -> list[Config]:
     int4, per --draft-weights-grid (rows in that order, the plugin's default first)."""
     out = []
     for config in configs:
-        for size, lookup, weights, grid in itertools.product(
+        for size, lookup, weights in itertools.product(
                 getattr(args, "draft_vocab_sizes", None) or [None],
                 getattr(args, "prompt_lookup", None) or ["default"],
-                getattr(args, "draft_weights", None) or ["default"],
-                getattr(args, "draft_weights_grid", None) or [None]):
+                getattr(args, "draft_weights", None) or ["default"]):
             int4 = weights == "int4" or (weights == "default" and config.method == "quantized"
                                          and config.spec.get("draft_weights", "int4") == "int4")
-            if grid is not None and not int4:
-                if grid != args.draft_weights_grid[0]:
-                    continue  # no grid to choose: one row, not one per grid
-                grid = None
-            spec, label = dict(config.spec), config.name
-            if size is not None:
-                spec["draft_vocab_size"] = size
-                label += ", full vocabulary" if size == 0 else f", draft vocabulary {size}"
-            if lookup == "on":
-                spec.update(prompt_lookup_max=4, prompt_lookup_min=2)
-                label += ", +lookup"
-            elif lookup == "off":
-                spec.update(prompt_lookup_max=0)
-                label += ", no lookup"
-            elif lookup != "default":
-                high, low = lookup_bounds(lookup)
-                spec.update(prompt_lookup_max=high, prompt_lookup_min=low)
-                label += f", lookup {high}..{low}"
-            if weights != "default":
-                spec["draft_weights"] = weights
-                label += f", {weights} draft weights"
-            if grid is not None:
-                spec["draft_weights_grid"] = grid
-                label += f", {grid} grid"
-            out.append(Config(label, config.method, spec, config.skip_reason, config.family,
-                              dict(config.extra)))
+            for grid in (getattr(args, "draft_weights_grid", None) or [None]) if int4 else [None]:
+                spec, label = dict(config.spec), config.name
+                if size is not None:
+                    spec["draft_vocab_size"] = size
+                    label += ", full vocabulary" if size == 0 else f", draft vocabulary {size}"
+                if lookup == "on":
+                    spec.update(prompt_lookup_max=4, prompt_lookup_min=2)
+                    label += ", +lookup"
+                elif lookup == "off":
+                    spec.update(prompt_lookup_max=0)
+                    label += ", no lookup"
+                elif lookup != "default":
+                    high, low = lookup_bounds(lookup)
+                    spec.update(prompt_lookup_max=high, prompt_lookup_min=low)
+                    label += f", lookup {high}..{low}"
+                if weights != "default":
+                    spec["draft_weights"] = weights
+                    label += f", {weights} draft weights"
+                if grid is not None:
+                    spec["draft_weights_grid"] = grid
+                    label += f", {grid} grid"
+                out.append(Config(label, config.method, spec, config.skip_reason, config.family,
+                                  dict(config.extra)))
     return out
 
 
