@@ -26,7 +26,7 @@ from dataclasses import asdict
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from benchlib.configs import (DEFAULT_METHODS, METHODS, build_configs, engine_groups,  # noqa: E402
-                              lookup_bounds, model_config, sequential_groups)
+                              lookup_bounds, model_config, parse_method_k, sequential_groups)
 from benchlib.engines import IOMP_PATH, reexec_with_iomp  # noqa: E402
 from benchlib.workloads import (Workload, categories_in_order, concurrent_blocks,  # noqa: E402
                                 latency_blocks, load_questions, schedule, sustained_blocks,
@@ -94,6 +94,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--method-options", type=json.loads, default={},
                    help='extra speculative-config keys per method, JSON, e.g. '
                         '\'{"clasp": {"layer_optimization_interval": 8}}\'')
+    p.add_argument("--method-k", nargs="+", default=[], metavar="METHOD=K[,K...]",
+                   help="one row per K for that method (its own K instead of --k), e.g. "
+                        "draft_model=2,3,4 ngram=4,8: a peer's best K in the same run")
     p.add_argument("--draft-length", nargs="+", choices=("adaptive", "fixed"),
                    default=["adaptive"],
                    help="plugin methods: the cost-aware draft length (plugin default) and/or "
@@ -142,6 +145,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    default=os.path.isfile(IOMP_PATH),
                    help=f"re-exec with LD_PRELOAD={IOMP_PATH} (default: on if it exists)")
     args = p.parse_args(argv)
+    try:
+        args.method_k = dict(parse_method_k(text) for text in args.method_k)
+    except ValueError as e:
+        p.error(str(e))
     if args.quick:
         given = set(a.split("=")[0] for a in (argv if argv is not None else sys.argv[1:]))
         if "--per-category" not in given:
@@ -356,6 +363,9 @@ def main() -> None:
     names = [c.name for c in started]
     model_cfg = model_config(model)
     proj = figures.projection(rows, {c.name: c for c in started}, final_stats, model_cfg)
+    limits = {p["config"]: p["c_w"] for p in proj}  # the bytes a draft pass reads: c's floor
+    for r in rows:
+        r["c_limit"] = limits.get(r["config"]) if r.get("c") is not None else None
     text = report.markdown(args, info, workloads, started, rows, skipped, failed, final_stats,
                            proj, cats, len(started), len(groups))
     print("\n" + text)

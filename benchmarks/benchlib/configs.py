@@ -148,7 +148,8 @@ def build_configs(args, model_path: str) -> list[Config]:
                                       spec_for("layer_skip", {**base, **sets}), reason,
                                       extra={"skip_sets": sets}))
             elif method == "quantized":  # every layer through int4 copies (its default)
-                configs.append(Config(method + suffix, method, spec_for(method, base), reason))
+                configs.append(Config(method + suffix, method, spec_for(method, base), reason,
+                                      extra={"skip_sets": {"skip_attn": [], "skip_mlp": []}}))
             elif method == "swift":  # the plugin's default r unless --swift-ratio
                 opts = {"skip_ratio": args.swift_ratio} if args.swift_ratio else {}
                 label = f"swift r={args.swift_ratio:g}" if args.swift_ratio else "swift"
@@ -165,11 +166,40 @@ def build_configs(args, model_path: str) -> list[Config]:
                                       spec_for(method, {**base, **SHIPPED_FILE_OPTIONS[method]}), reason))
     configs = [plain for plain in configs if plain.family != "plugin"] + with_variants(
         [c for c in configs if c.family == "plugin"], args)
-    for config in configs:  # a K set per method (--method-options) is named in its row
+    configs = with_draft_lengths(configs, getattr(args, "method_k", None) or {})
+    for config in configs:  # a K set per method (--method-options, --method-k) is named
         own_k = (config.spec or {}).get("num_speculative_tokens", k)
         if own_k != k:
             config.name += f", K={own_k}"
     return configs
+
+
+def with_draft_lengths(configs: list[Config], method_k: dict[str, list[int]]) -> list[Config]:
+    """Each configuration of a method in --method-k once per K given for it (in
+    that order), so a peer's best K is searched in the same run as the rest."""
+    out = []
+    for config in configs:
+        for k in method_k.get(config.method, []) if config.spec else []:
+            out.append(Config(config.name, config.method, {**config.spec, "num_speculative_tokens": k},
+                              config.skip_reason, config.family, dict(config.extra)))
+        if not config.spec or config.method not in method_k:
+            out.append(config)
+    return out
+
+
+def parse_method_k(text: str) -> tuple[str, list[int]]:
+    """'draft_model=2,3,4' -> ('draft_model', [2, 3, 4]); ValueError saying what is
+    expected for anything else."""
+    method, _, ks = text.partition("=")
+    try:
+        lengths = [int(k) for k in ks.split(",")]
+    except ValueError:
+        lengths = []
+    if method not in METHODS or not lengths or min(lengths) < 1:
+        raise ValueError(f"--method-k {text!r}: expected METHOD=K[,K...] with METHOD one of "
+                         f"{', '.join(METHODS[2:])} and each K a positive integer, "
+                         "e.g. draft_model=2,3,4")
+    return method, lengths
 
 
 def with_variants(configs: list[Config], args) -> list[Config]:

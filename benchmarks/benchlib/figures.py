@@ -281,7 +281,10 @@ def draft_weight_fraction(model_cfg: dict, num_attn_skipped: int, num_mlp_skippe
     """Weight bytes a draft step reads over a full forward's: the kept
     sub-layers, and the LM head's rows the draft scores (all of them unless a
     pruned draft vocabulary of draft_vocab_size ids is on); with draft_weights
-    the layers at that scheme's bytes (the head stays the model's)."""
+    the layers at that scheme's bytes and the head's rows at 4 bits (the draft
+    head quantizes its rows whenever the layers are, core/draft_head.py). On a
+    memory-bound machine this is the draft pass's cost limit, c_limit. KV reads
+    are left out: at 2,048 tokens they are ~2% of Qwen2.5-Coder-1.5B's weights."""
     p = weight_params(model_cfg)
     full = p["layers"] * (p["attn"] + p["mlp"]) + p["head"]
     head_rows = model_cfg["vocab_size"]
@@ -289,7 +292,7 @@ def draft_weight_fraction(model_cfg: dict, num_attn_skipped: int, num_mlp_skippe
         head_rows = draft_vocab_size
     kept_layers = (p["layers"] * (p["attn"] + p["mlp"]) - num_attn_skipped * p["attn"]
                    - num_mlp_skipped * p["mlp"])
-    head = head_rows * model_cfg["hidden_size"]
+    head = head_rows * model_cfg["hidden_size"] * (BYTES_VS_BF16["int4"] if draft_weights else 1.0)
     return (kept_layers * BYTES_VS_BF16[draft_weights] + head) / full
 
 

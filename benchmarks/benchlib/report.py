@@ -128,9 +128,9 @@ def _parity_cell(r: dict) -> str:
 
 
 def overall_table(rows: list[dict], workload: str, names: list[str]) -> str:
-    out = ["| config | tok/s | speedup | 95% interval | TPOT speedup | M | alpha | c | v | "
+    out = ["| config | tok/s | speedup | 95% interval | TPOT speedup | M | alpha | c | c_limit | v | "
            "E (Eq. 6) | drafting | mean k | optimizer | peak RSS GiB | parity |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
     by_name = {r["config"]: r for r in rows if r["workload"] == workload and r["category"] == ALL}
     for name in names:
         r = by_name.get(name)
@@ -138,7 +138,8 @@ def overall_table(rows: list[dict], workload: str, names: list[str]) -> str:
             continue
         out.append(
             f"| {name} | {fmt(r['tokens_per_second'], '.1f')} | {fmt(r['speedup'])} | "
-            f"{interval(r)} | {fmt(r['tpot_speedup'])} | {fmt(r['M'])} | {fmt(r['alpha'])} | {fmt(r['c'], '.3f')} | {fmt(r['v'])} | "
+            f"{interval(r)} | {fmt(r['tpot_speedup'])} | {fmt(r['M'])} | {fmt(r['alpha'])} | {fmt(r['c'], '.3f')} | "
+            f"{fmt(r.get('c_limit'), '.3f')} | {fmt(r['v'])} | "
             f"{fmt(r['E_eq6'])} | {fmt(r['drafting_fraction'], '.0%')} | "
             f"{fmt(r.get('mean_draft_length'), '.1f')} | "
             f"{fmt(r['optimizer_share'], '.0%')} | {fmt(r['peak_rss_gib'], '.2f')} | "
@@ -324,7 +325,9 @@ def markdown(args, info, workloads, configs, rows, skipped, failed, final_stats,
         "questions (batch 1, resampled within each category) or batches (concurrent, with "
         "--rounds 2 or more); TPOT speedup = the same for the time per output token after the "
         "first (prefill excluded); M = 1 + accepted/drafts; alpha = accepted/drafted tokens; "
-        "c = draft step / plain decode step (plain's mean inter-token latency); v = non-draft "
+        "c = draft step / plain decode step (plain's mean inter-token latency); c_limit = the "
+        "weight bytes a draft step reads / a plain step's (c on a machine where a pass costs "
+        "its bytes; the projection below says its basis); v = non-draft "
         "time per engine step / plain decode step (batch 1); E = SWIFT Eq. 6 from M, alpha, c "
         "(assumes v = 1); drafting = share of engine steps the cost model drafted in; "
         "mean k = the draft length it chose in those steps; "

@@ -380,8 +380,9 @@ def test_projection_counts_only_the_head_rows_a_pruned_draft_scores():
 
 
 def test_projection_reads_draft_weights_at_their_bytes():
-    """int4 draft weights: the kept layers at 5 bits a weight (4 + a bf16 scale
-    and zero per 32); the head's rows stay bf16."""
+    """int4 draft weights: the kept layers and the head's scored rows at 5 bits
+    a weight (4 + a bf16 scale and zero per 32): Qwen2.5-Coder-1.5B's c_limit
+    of an int4 full-depth draft with a 65,536-row head is ~0.29."""
     from benchlib.configs import Config
     from benchlib.figures import draft_weight_fraction, projection, weight_params
 
@@ -391,7 +392,8 @@ def test_projection_reads_draft_weights_at_their_bytes():
     full = 28 * (p["attn"] + p["mlp"]) + p["head"]
     layers = 28 * (p["attn"] + p["mlp"])
     int4 = draft_weight_fraction(qwen, 0, 0, draft_vocab_size=65536, draft_weights="int4")
-    assert int4 == pytest.approx((layers * 5 / 16 + 65536 * 1536) / full)
+    assert int4 == pytest.approx((layers * 5 / 16 + 65536 * 1536 * 5 / 16) / full)
+    assert 0.28 < int4 < 0.30
     assert draft_weight_fraction(qwen, 0, 0) == pytest.approx(1.0)
     configs = {"q": Config(name="q", method="layer_skip", spec={}, family="plugin",
                            extra={"skip_sets": {"skip_attn": [], "skip_mlp": []}})}
@@ -596,3 +598,20 @@ def test_suffix_runs_only_with_the_suffix_tree_and_no_arctic_plugin(tmp_path, mo
         "arctic_inference.vllm.plugin:arctic_inference_plugin) that patches vLLM in every engine")
     monkeypatch.setattr(configs, "arctic_plugin_entry_points", lambda: [])
     assert _peer_configs(target, "--methods", "suffix")["suffix"].runs
+
+
+def test_method_k_gives_a_peer_one_named_row_per_draft_length(tmp_path):
+    from bench_methods import parse_args
+    from benchlib.configs import build_configs
+
+    vocab = {"a": 0, "b": 1}
+    target = _checkpoint(tmp_path / "target", 3, vocab)
+    draft = _checkpoint(tmp_path / "draft", 3, dict(vocab))
+    args = parse_args(["--k", "8", "--methods", "ngram", "draft_model", "--draft-model", draft,
+                       "--method-k", "draft_model=2,3,8", "ngram=4"])
+    rows = [(c.name, (c.spec or {}).get("num_speculative_tokens")) for c in build_configs(args, target)]
+    assert rows == [("plain", None), ("ngram, K=4", 4), ("draft_model draft, K=2", 2),
+                    ("draft_model draft, K=3", 3), ("draft_model draft", 8)]
+    for bad in ("draft_model=", "draft_model=0", "nosuch=2", "draft_model=two"):
+        with pytest.raises(SystemExit):
+            parse_args(["--method-k", bad])
