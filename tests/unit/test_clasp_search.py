@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from vllm_layerskip.core.background_worker import BackgroundWorker
-from vllm_layerskip.core.draft_engine import DraftRequests
+from vllm_layerskip.core.draft_batch import DraftRequests
 from vllm_layerskip.core.faults import ENV_VAR
 from vllm_layerskip.methods.clasp.layer_dp import clasp_dp
 from vllm_layerskip.methods.clasp.options import ClaspOptions

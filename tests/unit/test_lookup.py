@@ -59,7 +59,7 @@ def test_which_copies_run_out_before_the_room():
 def test_a_copied_draft_is_one_hot_over_whatever_the_row_held():
     import torch
 
-    from vllm_layerskip.core.draft_engine import write_one_hot
+    from vllm_layerskip.core.draft_batch import write_one_hot
 
     probs = torch.full((2, 3, 10), 0.1)
     write_one_hot(probs, 1, [4, 7])
@@ -77,7 +77,9 @@ def test_an_early_exit_draft_refuses_to_continue_a_copy():
     import pytest
     import torch
 
-    from vllm_layerskip.core.draft_engine import DraftEngine, DraftRequests
+    from vllm_layerskip.core.draft_batch import DraftRequests
+
+    from vllm_layerskip.core.draft_engine import DraftEngine
     from vllm_layerskip.methods.adadecode.early_exit import EarlyExit, EarlyExitPath
 
     engine = DraftEngine(vllm_config=None, num_speculative_tokens=3)

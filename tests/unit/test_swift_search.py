@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from vllm_layerskip.core.draft_engine import DraftRequests
+from vllm_layerskip.core.draft_batch import DraftRequests
 from vllm_layerskip.core.faults import ENV_VAR
 from vllm_layerskip.core.errors import LayerSkipConfigError
 from vllm_layerskip.core.identity import ModelIdentity

@@ -12,13 +12,8 @@ import time
 import numpy as np
 
 from vllm_layerskip.core.cost_model import DraftLengthPolicy
-from vllm_layerskip.core.draft_engine import (
-    DraftEngine,
-    DraftRequests,
-    DraftResult,
-    empty_probs,
-    write_one_hot,
-)
+from vllm_layerskip.core.draft_batch import DraftRequests, DraftResult, empty_probs, write_one_hot
+from vllm_layerskip.core.draft_engine import DraftEngine
 from vllm_layerskip.core.faults import maybe_fail
 from vllm_layerskip.core.identity import model_identity
 from vllm_layerskip.core.load_checks import (
@@ -139,7 +134,7 @@ class LayerSkipProposerBase:
         self, runner, sampled_token_ids: list[list[int]], scheduler_output=None
     ) -> DraftResult:
         if self.drafting_paused:
-            return _no_drafts(len(runner.input_batch.req_ids))
+            return DraftResult.none(len(runner.input_batch.req_ids))
         start = time.perf_counter()
         self._observe_verified_step(runner, sampled_token_ids, scheduler_output, start)
         requests = self.engine.select_requests(runner, sampled_token_ids)
@@ -260,7 +255,7 @@ class LayerSkipProposerBase:
         if not requests.budget.any():
             # The cost model chose plain decoding for this step (or no request has
             # room left): no draft pass, and none of its per-step set-up.
-            return _no_drafts(num_rows)
+            return DraftResult.none(num_rows)
         try:
             maybe_fail("draft")
             result = self.draft(runner, requests)
@@ -280,7 +275,7 @@ class LayerSkipProposerBase:
                     self.method, self.stats.num_proposals, len(requests.rows),
                     self.num_speculative_tokens,
                 )
-            return _no_drafts(num_rows)
+            return DraftResult.none(num_rows)
 
     def _ran_prompt_chunks(self, scheduler_output) -> bool:
         """Whether the step just run also processed prompt chunks (more tokens for
@@ -348,7 +343,3 @@ class LayerSkipProposerBase:
         if self.policy is not None:
             status["cost_model"] = self.policy.summary()
         return status
-
-
-def _no_drafts(num_rows: int) -> DraftResult:
-    return DraftResult([[] for _ in range(num_rows)], None, 0, [[] for _ in range(num_rows)])

@@ -9,7 +9,7 @@ import os
 import time
 from typing import Callable
 
-from vllm_layerskip.core.draft_engine import DraftResult
+from vllm_layerskip.core.draft_batch import DraftResult
 from vllm_layerskip.core.versioned_file import write_json_atomic
 
 logger = logging.getLogger("vllm.layerskip")

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 
-from vllm_layerskip.core.draft_engine import DraftRequests, DraftResult
+from vllm_layerskip.core.draft_batch import DraftRequests, DraftResult
 from vllm_layerskip.methods.adadecode.heads import load_heads
 from vllm_layerskip.core.identity import model_identity
 from vllm_layerskip.core.proposer import LayerSkipProposerBase

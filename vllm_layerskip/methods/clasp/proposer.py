@@ -60,7 +60,7 @@ broadcast and adopted by all (rank_agreement.py), one small message per run.
 
 from __future__ import annotations
 
-from vllm_layerskip.core.draft_engine import DraftRequests, DraftResult
+from vllm_layerskip.core.draft_batch import DraftRequests, DraftResult
 from vllm_layerskip.core.proposer import LayerSkipProposerBase
 from vllm_layerskip.methods.clasp.search import ClaspSearch
 from vllm_layerskip.methods.clasp.layer_states import LayerStates

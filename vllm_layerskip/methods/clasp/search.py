@@ -9,7 +9,7 @@ import time
 import numpy as np
 import torch
 
-from vllm_layerskip.core.draft_engine import DraftRequests
+from vllm_layerskip.core.draft_batch import DraftRequests
 from vllm_layerskip.core.faults import maybe_fail
 from vllm_layerskip.core.optimizer_budget import OptimizerBudget
 from vllm_layerskip.core.rank_agreement import SingleRank

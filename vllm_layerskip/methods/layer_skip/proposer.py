@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from vllm_layerskip.core.draft_engine import DraftResult
+from vllm_layerskip.core.draft_batch import DraftResult
 from vllm_layerskip.methods.layer_skip.options import build_mask
 from vllm_layerskip.core.proposer import LayerSkipProposerBase
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from vllm_layerskip.core.draft_engine import DraftResult
+from vllm_layerskip.core.draft_batch import DraftResult
 from vllm_layerskip.core.proposer import LayerSkipProposerBase
 from vllm_layerskip.core.skip_mask import SkipMask
 

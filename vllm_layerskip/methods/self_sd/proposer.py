@@ -17,7 +17,7 @@ gamma rises while acceptance is under the target alpha.
 from __future__ import annotations
 
 import logging
-from vllm_layerskip.core.draft_engine import DraftRequests, DraftResult
+from vllm_layerskip.core.draft_batch import DraftRequests, DraftResult
 from vllm_layerskip.core.identity import model_identity
 from vllm_layerskip.core.skip_mask import SkipMask
 from vllm_layerskip.methods.self_sd.profile import load_profile

@@ -49,7 +49,7 @@ Not possible in vLLM 0.32 V1: the paper's dynamic top-k tree verification
 
 from __future__ import annotations
 
-from vllm_layerskip.core.draft_engine import DraftRequests, DraftResult
+from vllm_layerskip.core.draft_batch import DraftRequests, DraftResult
 from vllm_layerskip.core.identity import model_identity
 from vllm_layerskip.core.proposer import LayerSkipProposerBase
 from vllm_layerskip.methods.swift.search import SwiftSearch

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vllm_layerskip.core.draft_engine import query_positions
+from vllm_layerskip.core.draft_batch import query_positions
 from vllm_layerskip.core.skip_mask import SkipMask
 
 

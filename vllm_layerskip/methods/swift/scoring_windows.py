@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vllm_layerskip.core.draft_engine import DraftRequests
+from vllm_layerskip.core.draft_batch import DraftRequests
 from vllm_layerskip.methods.swift.scoring import ScoreWindows
 
 Window = tuple[int, int, int]  # (input-batch row, start position, length)

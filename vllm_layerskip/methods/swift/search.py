@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from vllm_layerskip.core.draft_engine import DraftRequests
+from vllm_layerskip.core.draft_batch import DraftRequests
 from vllm_layerskip.core.optimizer_budget import OptimizerBudget
 from vllm_layerskip.core.rank_agreement import SingleRank
 from vllm_layerskip.core.set_search import SubLayerSpace
