@@ -57,7 +57,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=os.path.expanduser(
         "~/.cache/vllm_layerskip/Qwen2.5-Coder-1.5B-Instruct"))
-    ap.add_argument("--draft-weights", default="w8a8", help="int4, int8, w8a8 or none")
+    ap.add_argument("--draft-weights", default="int4", help="int4, int8, w8a8 or none")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=32)
@@ -78,8 +78,11 @@ def main() -> None:
 
     totals, counts = defaultdict(float), defaultdict(int)
     wrap_timers(totals, counts)
-    spec = {"method": "layer_skip", "num_speculative_tokens": args.k,
-            "adaptive_draft_length": False, "prompt_lookup_max": 0}
+    # Every layer drafting: `quantized` through its draft weights, or (none)
+    # `layer_skip` with nothing skipped, the model's own weights.
+    spec = {"method": "layer_skip" if args.draft_weights == "none" else "quantized",
+            "num_speculative_tokens": args.k, "adaptive_draft_length": False,
+            "prompt_lookup_max": 0}
     if args.draft_weights != "none":
         spec["draft_weights"] = args.draft_weights
     llm = LLM(model=args.model, dtype="bfloat16", enforce_eager=not args.compile, max_model_len=2048,
