@@ -25,10 +25,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve_command(model, port, spec):
+def serve_command(model, port, spec, *extra):
     return [VLLM, "serve", model, "--host", "127.0.0.1", "--port", str(port),
             "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024",
-            "--seed", "0", "--speculative-config", json.dumps(spec)]
+            "--seed", "0", "--speculative-config", json.dumps(spec), *extra]
 
 
 def get(url, timeout=5):
@@ -36,14 +36,14 @@ def get(url, timeout=5):
         return r.status, r.read().decode()
 
 
-def launch_server(model, spec, log, status_file=None):
+def launch_server(model, spec, log, status_file=None, extra=()):
     """Starts `vllm serve` and returns at once: (process, base URL). With
     `status_file`, the proposer writes its status there after every step."""
     port = free_port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     if status_file:
         env["VLLM_LAYERSKIP_STATUS_FILE"] = str(status_file)
-    proc = subprocess.Popen(serve_command(model, port, spec), stdout=log,
+    proc = subprocess.Popen(serve_command(model, port, spec, *extra), stdout=log,
                             stderr=subprocess.STDOUT, env=env)
     return proc, f"http://127.0.0.1:{port}"
 
@@ -73,6 +73,9 @@ def stop_server(proc):
 SWIFT_SPEC = {"method": "swift", "num_speculative_tokens": 4, "context_window": 4,
               "adaptive_draft_length": False, "max_optimizer_share": 1.0}
 BAD_SPEC = {"method": "layer_skip", "num_speculative_tokens": 4, "skip_layers": [31]}
+# A KV cache of 12 blocks of 128 tokens: a burst of 64 requests needs several times
+# that at once, so the scheduler preempts and recomputes requests while they draft.
+SMALL_KV = ("--num-gpu-blocks-override", "12")
 
 
 @pytest.fixture(scope="module")
@@ -82,13 +85,13 @@ def servers(smollm2_path, tmp_path_factory):
     torch, so on 2 cores three of them overlap (the module took 176 s with one
     start-up after the other, 2026-11-26)."""
     folder = tmp_path_factory.mktemp("serve")
-    specs = {"layer_skip": SPEC, "swift": SWIFT_SPEC, "bad_config": BAD_SPEC}
+    specs = {"layer_skip": SPEC, "swift": SWIFT_SPEC, "small_kv": SPEC, "bad_config": BAD_SPEC}
     logs = {name: open(folder / f"{name}.log", "w+") for name in specs}
-    status = folder / "layer_skip.status.json"
-    started = {name: launch_server(smollm2_path, spec, logs[name],
-                                   status if name == "layer_skip" else None)
+    status = {name: folder / f"{name}.status.json" for name in ("layer_skip", "small_kv")}
+    started = {name: launch_server(smollm2_path, spec, logs[name], status.get(name),
+                                   SMALL_KV if name == "small_kv" else ())
                for name, spec in specs.items()}
-    healthy = ("layer_skip", "swift")
+    healthy = ("layer_skip", "swift", "small_kv")
     try:
         deadline = time.time() + 300
         for name in healthy:
@@ -261,15 +264,55 @@ def test_cancelled_and_malformed_requests_leave_the_others_exact(servers):
     assert all(400 <= c < 500 for c in codes), codes
     assert get(servers["layer_skip"] + "/health")[0] == 200
 
+    assert_no_state_left(servers, "layer_skip")
+
+
+def assert_no_state_left(servers, name):
+    """The proposer of server `name` holds no state of earlier requests: its
+    status at the step of one more request, alone, shows one request in the
+    batch and none tracked outside it; and its log has no traceback."""
     before = time.time()
-    client(servers["layer_skip"]).chat.completions.create(
-        model=model, temperature=0, max_tokens=16,
+    client(servers[name]).chat.completions.create(
+        model=servers["model"], temperature=0, max_tokens=16,
         messages=[{"role": "user", "content": "Name three colours."}])
-    status = json.loads(servers["status_file"].read_text())
+    status = json.loads(servers["status_file"][name].read_text())
     assert status["written_at"] >= before
     requests = status["requests"]
     assert requests["in_batch"] == 1 and requests["tracked"] <= 1, requests
     assert not requests["tracked_outside_batch"], requests
-    log = servers["logs"]["layer_skip"]
+    log = servers["logs"][name]
     log.seek(0)
     assert "Traceback" not in log.read()
+
+
+def test_burst_against_a_small_kv_cache_preempts_and_stays_exact(servers):
+    """64 requests at once against a server whose KV cache holds a fraction of
+    them: vLLM preempts and recomputes requests while the proposer drafts for
+    the others. Every request completes with the text the full-cache server
+    gives it (float32 greedy: plain decoding's), the server counts preemptions
+    and stays healthy, and the proposer keeps no state of the preempted or
+    finished requests."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    model = servers["model"]
+    subjects = ("cat", "robot", "river", "lighthouse", "dragon", "teacher", "comet", "baker")
+    prompts = [f"Request {n}: tell me one fact about a {subjects[n % 8]}." for n in range(64)]
+
+    def complete(base, prompt):
+        # ~70 prompt tokens and 96 more: each request outgrows its first 128-token
+        # block while it decodes (a request that fits one block is never preempted).
+        reply = client(base).chat.completions.create(
+            model=model, temperature=0, max_tokens=96, extra_body={"ignore_eos": True},
+            messages=[{"role": "user", "content": prompt}])
+        return reply.choices[0].message.content, reply.choices[0].finish_reason
+
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        got = list(pool.map(lambda p: complete(servers["small_kv"], p), prompts))
+        expected = list(pool.map(lambda p: complete(servers["layer_skip"], p), prompts))
+    assert got == expected and all(finish == "length" for _, finish in got)
+    _, text = get(servers["small_kv"] + "/metrics")
+    assert metric(text, "vllm:num_preemptions_total") > 0, "the cache was large enough"
+    assert metric(text, "vllm:spec_decode_num_drafts_total") > 0
+    assert get(servers["small_kv"] + "/health")[0] == 200
+
+    assert_no_state_left(servers, "small_kv")
