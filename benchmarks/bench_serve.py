@@ -11,8 +11,9 @@ bench_methods.py, at the granularity vLLM's client allows); levels go up in even
 rounds and down in odd ones. Each server is a process group of its own, stopped
 when its group is done with SIGTERM (SIGKILL after 30 s).
 
-Prompts: Spec-Bench by default (`--dataset-name spec_bench`, a new sample per
-round and level: --seed 1000*round + the level's index). With --prompt-tokens N
+Prompts: Spec-Bench first turns by default, a new sample per round and level
+(seed 1000*round + the level's index), written as jsonl for `--dataset-name
+custom` (vLLM's own spec_bench dataset ignores --seed: spec_bench_files). With --prompt-tokens N
 [N ...], the project's own long prompts instead, built at about N tokens each
 (the model's tokenizer, before the chat template; benchlib/long_prompts.py):
 source files of vllm_layerskip/ to edit, and docs/*.md to answer a question
@@ -266,6 +267,30 @@ def long_prompt_files(args, model: str, out_dir: str) -> dict[tuple, str]:
     return files
 
 
+def spec_bench_files(args, questions: str, out_dir: str) -> dict[tuple, str]:
+    """(None, round, level) -> a jsonl of that cell's Spec-Bench first turns for
+    vLLM's custom dataset, a sample of its own (seed 1000 * round + the level's
+    index). vLLM 0.32's `--dataset-name spec_bench` ignores `--seed` (its shuffle
+    always uses the default seed), so every round would repeat the first round's
+    prompts: plain's prefill hits the prefix cache and `suffix` finds the earlier
+    round's answers in its tree (acceptance length 6.35 against 1.49 the round
+    before, serve_20261203-163439)."""
+    from benchlib.long_prompts import write_jsonl
+
+    with open(questions) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    texts = [r["turns"][0] for r in rows if not args.category or r.get("category") == args.category]
+    files = {}
+    for r in range(args.rounds):
+        for index, level in enumerate(levels_of(args)):
+            n = min(prompts_at(args, level), len(texts))
+            pick = np.random.default_rng(1000 * r + index).choice(len(texts), size=n, replace=False)
+            prompts = [{"prompt": texts[i], "kind": "spec_bench", "prompt_tokens": None} for i in pick]
+            path = os.path.join(out_dir, f"prompts_spec_bench_round{r}_c{level}.jsonl")
+            files[(None, r, level)] = write_jsonl(path, prompts, args.output_len)
+    return files
+
+
 # ---- the sweep -------------------------------------------------------------------
 
 def sweep_cells(args, r: int) -> list[tuple[int | None, int]]:
@@ -302,12 +327,8 @@ def run_sweep(servers, g, args, model, questions, prompt_files, out_dir, env, co
                 _, port, _, family = servers[name]
                 fname = (f"{re.sub(r'[^A-Za-z0-9.=-]+', '_', name)}_{cell_label(length, level)}"
                          f"_round{r}.json")
-                if length is None:
-                    dataset, seed = questions, 1000 * r + levels_of(args).index(level)
-                else:
-                    dataset, seed = prompt_files[(length, r, level)], r
-                cmd = bench_command(args, model, port, dataset, out_dir, fname, seed=seed,
-                                    level=level, num_prompts=n, custom=length is not None)
+                cmd = bench_command(args, model, port, prompt_files[(length, r, level)], out_dir,
+                                    fname, seed=r, level=level, num_prompts=n, custom=True)
                 if r == 0:
                     commands.append(shlex.join(cmd))
                 what = f"{name}, {'Spec-Bench' if length is None else f'~{length}-token prompts'}"
@@ -474,7 +495,7 @@ def header(run: dict) -> str:
     lengths = a.get("prompt_tokens")
     prompts = (f"{a['num_prompts']} prompts" if not a.get("prompts_per_level")
                else f"max({a['num_prompts']}, {a['prompts_per_level']} x concurrency) prompts")
-    workload = ("`--dataset-name spec_bench`" + (f" ({a['category']})" if a.get("category") else "")
+    workload = ("Spec-Bench first turns, a sample per round and level" + (f" ({a['category']})" if a.get("category") else "")
                 if not lengths else
                 f"`--dataset-name custom`, the project's prompts of ~{', '.join(map(str, lengths))} tokens")
     return (f"# `vllm bench serve` sweep, {os.path.basename(os.path.normpath(run['model']))}, "
@@ -608,7 +629,8 @@ def main() -> None:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = os.path.join(args.out, f"serve_{stamp}")
     os.makedirs(out_dir, exist_ok=True)
-    prompt_files = long_prompt_files(args, model, out_dir) if args.prompt_tokens else {}
+    prompt_files = (long_prompt_files(args, model, out_dir) if args.prompt_tokens
+                    else spec_bench_files(args, questions, out_dir))
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get(
         "VLLM_CPU_KVCACHE_SPACE", str(args.kv_cache_gib)))
     env.setdefault("NUMBA_THREADING_LAYER", "workqueue")  # ngram at its best: bench_methods.py says why

@@ -615,3 +615,35 @@ def test_method_k_gives_a_peer_one_named_row_per_draft_length(tmp_path):
     for bad in ("draft_model=", "draft_model=0", "nosuch=2", "draft_model=two"):
         with pytest.raises(SystemExit):
             parse_args(["--method-k", bad])
+
+
+def test_serve_draws_a_spec_bench_sample_per_round_and_level(tmp_path):
+    """vLLM's spec_bench dataset ignores --seed, so bench_serve writes each
+    cell's sample itself: another sample in another round (a repeated prompt
+    would hit the prefix cache and a suffix tree's memory), the same for every
+    server of a cell, only the asked-for category."""
+    import json
+    import types
+
+    from bench_serve import spec_bench_files
+
+    qfile = tmp_path / "question.jsonl"
+    qfile.write_text("".join(json.dumps({"category": "math" if i % 2 else "writing",
+                                         "turns": [f"question {i}"]}) + "\n" for i in range(40)))
+    args = types.SimpleNamespace(rounds=2, max_concurrency=[1, 4], num_prompts=4,
+                                 prompts_per_level=2, output_len=16, category=None)
+    files = spec_bench_files(args, str(qfile), str(tmp_path))
+
+    def prompts(key):
+        with open(files[key]) as f:
+            return [json.loads(line)["prompt"] for line in f]
+
+    assert sorted(files) == [(None, 0, 1), (None, 0, 4), (None, 1, 1), (None, 1, 4)]
+    assert len(prompts((None, 0, 1))) == 4 and len(prompts((None, 0, 4))) == 8
+    assert prompts((None, 0, 4)) != prompts((None, 1, 4))
+    assert prompts((None, 0, 4)) == prompts((None, 0, 4))  # one file a cell, read by every server
+    with open(files[(None, 1, 4)]) as f:
+        assert json.loads(f.readline())["output_tokens"] == 16
+    args.category = "math"
+    files = spec_bench_files(args, str(qfile), str(tmp_path / "math"))
+    assert all(int(p.split()[1]) % 2 for p in prompts((None, 0, 4)) + prompts((None, 1, 1)))
