@@ -277,9 +277,10 @@ def spec_bench_files(args, questions: str, out_dir: str) -> dict[tuple, str]:
     before, serve_20261203-163439)."""
     from benchlib.long_prompts import write_jsonl
 
-    with open(questions) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    texts = [r["turns"][0] for r in rows if not args.category or r.get("category") == args.category]
+    from vllm_layerskip.core.measure import read_questions
+
+    texts = [q["prompt"] for q in read_questions(questions)
+             if not args.category or q["category"] == args.category]
     files = {}
     for r in range(args.rounds):
         for index, level in enumerate(levels_of(args)):
@@ -311,7 +312,7 @@ def keep_scalars(result: dict) -> dict:
             if not isinstance(v, (list, dict)) or k == "spec_decode_per_position_acceptance_rates"}
 
 
-def run_sweep(servers, g, args, model, questions, prompt_files, out_dir, env, commands,
+def run_sweep(servers, g, args, model, prompt_files, out_dir, env, commands,
               failed, records) -> None:
     """`vllm bench serve` against every server for every cell, --rounds times."""
     names = list(servers)
@@ -648,7 +649,7 @@ def main() -> None:
     for g, group in enumerate(groups):
         servers = start_servers(group, g, args, model, env, out_dir, commands, failed)
         try:
-            run_sweep(servers, g, args, model, questions, prompt_files, out_dir, env, commands,
+            run_sweep(servers, g, args, model, prompt_files, out_dir, env, commands,
                       failed, records)
         finally:
             for proc, _, _, _ in servers.values():
