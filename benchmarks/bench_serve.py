@@ -153,30 +153,21 @@ def server_command(args, model: str, port: int, spec: dict | None) -> list[str]:
     return cmd
 
 
-def bench_command(args, model: str, port: int, dataset: str, result_dir: str, name: str,
-                  seed: int = 0, level: int | None = None, num_prompts: int | None = None,
-                  custom: bool = False) -> list[str]:
-    """vLLM's client against one server for one cell: Spec-Bench questions
-    (`seed` picks the sample: the same for every server of a cell), or with
-    `custom` the prompts of a long-prompt jsonl. TTFT, TPOT and ITL percentiles
-    50 and 99."""
+def bench_command(args, model: str, port: int, prompts: str, result_dir: str, name: str,
+                  seed: int = 0, level: int | None = None, num_prompts: int | None = None
+                  ) -> list[str]:
+    """vLLM's client against one server for one cell: the cell's prompts (a jsonl
+    for `--dataset-name custom`, the same file for every server of the cell),
+    TTFT, TPOT and ITL percentiles 50 and 99."""
     level = level or levels_of(args)[0]
     num_prompts = num_prompts or prompts_at(args, level)
-    cmd = [VLLM, "bench", "serve", "--backend", "openai", "--base-url", f"http://127.0.0.1:{port}",
-           "--model", model]
-    if custom:
-        cmd += ["--dataset-name", "custom", "--dataset-path", dataset,
-                "--custom-output-len", str(args.output_len)]
-    else:
-        cmd += ["--dataset-name", "spec_bench", "--dataset-path", dataset,
-                "--spec-bench-output-len", str(args.output_len)]
-        if args.category:
-            cmd += ["--spec-bench-category", args.category]
-    cmd += ["--num-prompts", str(num_prompts), "--max-concurrency", str(level),
+    return [VLLM, "bench", "serve", "--backend", "openai", "--base-url", f"http://127.0.0.1:{port}",
+            "--model", model, "--dataset-name", "custom", "--dataset-path", prompts,
+            "--custom-output-len", str(args.output_len),
+            "--num-prompts", str(num_prompts), "--max-concurrency", str(level),
             "--temperature", str(args.temperature), "--seed", str(seed),
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
             "--save-result", "--result-dir", result_dir, "--result-filename", name]
-    return cmd
 
 
 def wait_healthy(proc, port: int, log_path: str, timeout: float = 900) -> None:
@@ -329,7 +320,7 @@ def run_sweep(servers, g, args, model, prompt_files, out_dir, env, commands,
                 fname = (f"{re.sub(r'[^A-Za-z0-9.=-]+', '_', name)}_{cell_label(length, level)}"
                          f"_round{r}.json")
                 cmd = bench_command(args, model, port, prompt_files[(length, r, level)], out_dir,
-                                    fname, seed=r, level=level, num_prompts=n, custom=True)
+                                    fname, seed=r, level=level, num_prompts=n)
                 if r == 0:
                     commands.append(shlex.join(cmd))
                 what = f"{name}, {'Spec-Bench' if length is None else f'~{length}-token prompts'}"

@@ -185,10 +185,12 @@ def test_bench_serve_builds_vllms_own_commands(isolated):
     assert "--speculative-config" not in bench.server_command(args, "/models/m", 8310, None)
     client = bench.bench_command(args, "/models/m", 8311, "q.jsonl", "out", "swift", seed=2)
     assert client[1:3] == ["bench", "serve"]
-    for flag, value in (("--num-prompts", "8"), ("--seed", "2"), ("--spec-bench-category", "coding"),
+    # Always vLLM's custom dataset: the cell's prompts were drawn by spec_bench_files.
+    for flag, value in (("--num-prompts", "8"), ("--seed", "2"), ("--dataset-path", "q.jsonl"),
                         ("--base-url", "http://127.0.0.1:8311"), ("--max-concurrency", "1"),
-                        ("--dataset-name", "spec_bench"), ("--metric-percentiles", "50,99")):
+                        ("--dataset-name", "custom"), ("--metric-percentiles", "50,99")):
         assert client[client.index(flag) + 1] == value
+    assert "--spec-bench-category" not in client
 
 
 def test_bench_serve_sweeps_levels_and_prompt_lengths(isolated):
@@ -206,7 +208,7 @@ def test_bench_serve_sweeps_levels_and_prompt_lengths(isolated):
     serve = bench.server_command(args, "/models/m", 8310, None)
     assert serve[serve.index("--max-model-len") + 1] == "3328"  # 3072 + 64 + 128, in steps of 256
     client = bench.bench_command(args, "/models/m", 8310, "p.jsonl", "out", "plain.json",
-                                 level=16, num_prompts=32, custom=True)
+                                 level=16, num_prompts=32)
     for flag, value in (("--dataset-name", "custom"), ("--dataset-path", "p.jsonl"),
                         ("--custom-output-len", "128"), ("--max-concurrency", "16"),
                         ("--num-prompts", "32")):
