@@ -4,12 +4,11 @@ A step that drafts k tokens per request costs k draft forwards plus one verify
 pass over the batch's tokens, and yields, per request, 1 + sum_{j<=k} prod_{i<=j} a_i
 tokens in expectation, where a_i is the conditional acceptance rate of draft
 position i (vLLM stops at the first rejected draft). k = 0 is plain decoding.
-Costs and rates come from core/cost_model/verify_cost.py and estimators.py,
-measured while serving:
-a verify line per batch-size bucket (the cost of a token is not one line across
-batch sizes: on Qwen2.5-Coder-1.5B on a 2-core CPU 9 tokens of one request cost
-~1.07 steps of 1, 8 tokens of eight requests 1.75), a draft-forward cost per
-row bucket, and per-position acceptance of self-drafts and of copies.
+Costs and rates, measured while serving (verify_cost.py, estimators.py): a
+verify line per batch-size bucket (on Qwen2.5-Coder-1.5B, 2-core CPU, 9 tokens of
+one request cost ~1.07 steps of 1, 8 tokens of eight requests 1.75: not one line
+across batch sizes), a draft-forward cost per row bucket, and per-position
+acceptance of self-drafts and of copies.
 
 Sources, compared by one routine (estimators.argmax_length): nothing, a copy
 from the context (prompt lookup: costs only its verification), a self-draft
@@ -47,16 +46,14 @@ from vllm_layerskip.core.cost_model.verify_cost import VerifyCost
 # Draft length of the first steps and of the probes while drafting is off: the
 # first positions' acceptance decides whether any length pays, and a short draft
 # costs little where none does (a server's first steps under load drafted K for
-# every request). Longer drafts follow once these pay: a position with little
-# data borrows the rate of the one before it (PositionAcceptance.rates).
+# every request). Longer drafts follow once these pay (PositionAcceptance.rates).
 PROBE_LENGTH = 2
 # Requests a probe (or a first step) drafts for: the others decode plainly that
-# step. A probe has to refresh the estimates, not to gain tokens; at 58 requests
-# on the 2-core CPU a probe step drafting for all of them cost several plain
-# steps (benchmarks/load_test.py). Probes alternate between PROBE_ROWS and twice
-# that many, so the draft cost is measured at two sizes and its line (flat on a
-# GPU, steep on a CPU) extrapolates to the full batch. Which rows rotates
-# (core/proposer.py), so no request's text dominates the estimate.
+# step. A probe refreshes the estimates, it need not gain tokens: at 58 requests on
+# the 2-core CPU a probe step drafting for all of them cost several plain steps
+# (benchmarks/load_test.py). Probes alternate between PROBE_ROWS and twice that
+# many, so the draft cost line (flat on a GPU, steep on a CPU) is measured at two
+# sizes; the rows rotate (core/proposer.py): no request's text dominates.
 PROBE_ROWS = 4
 # While self-drafts are off, their acceptance evidence fades by this factor per
 # step, so the next probe speaks for the text being written now. Without it a
@@ -65,10 +62,9 @@ PROBE_ROWS = 4
 # requests alternating acceptance 0.3-0.85, draft 0.47 of a step: 0.985-1.049x
 # plain without fading, 1.025-1.068x at 0.95; tests/unit/test_cost_model.py).
 IDLE_FADE = 0.95
-# Timing noise on a CPU only ever adds time (another process, the OS, first
-# calls): a draft pass this many times faster than earlier samples of its size
-# shows those were slowed by something else, or that the draft got cheaper (a
-# new skip set); either way they no longer stand for its cost and are dropped.
+# Timing noise on a CPU only ever adds time (another process, the OS, first calls):
+# a draft pass this many times faster than earlier samples of its size shows they
+# were slowed, or that the draft got cheaper (a new skip set): they are dropped.
 DRAFT_RESTART = 2.0
 # Probes in a row that find drafting off before probes space out: until then a
 # probe comes every probe_interval steps, so that the decision to stop drafting
