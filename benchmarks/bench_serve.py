@@ -412,6 +412,10 @@ def summarize(records: list[dict]) -> list[dict]:
             "ttft_p99_ms": _median([x.get("p99_ttft_ms") for x in runs]),
             "M": 1 + accepted / drafts if drafts else None,
             "alpha": accepted / drafted if drafted else None,
+            # How much the cost model drafts (copies and self-drafts alike): it
+            # should fall as load rises and come back when load falls.
+            "drafted_per_output": (drafted / max(sum(x["total_output_tokens"] for x in runs), 1)
+                                   if mine[0]["family"] not in ("plain", "control") else None),
         })
     ttft = {(r["group"], r["prompt_tokens"], r["level"]): r["ttft_p50_ms"]
             for r in rows if r["family"] == "plain"}
@@ -436,8 +440,9 @@ def workload_title(length: int | None) -> str:
 
 def table(rows: list[dict], length: int | None) -> str:
     lines = ["| config | concurrency | requests | output tok/s | speedup | interval | TPOT p50 ms | "
-             "TTFT p50 ms | TTFT p99 ms | TTFT p50 / plain | acceptance length | acceptance rate |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "TTFT p50 ms | TTFT p99 ms | TTFT p50 / plain | acceptance length | acceptance rate | "
+             "draft tokens / output token |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         if r["prompt_tokens"] != length:
             continue
@@ -445,7 +450,7 @@ def table(rows: list[dict], length: int | None) -> str:
                      f"{r['tokens_per_second']:.1f} | {fmt(r['speedup'])} | {interval_cell(r)} | "
                      f"{fmt(r['tpot_p50_ms'], '.1f')} | {fmt(r['ttft_p50_ms'], '.1f')} | "
                      f"{fmt(r['ttft_p99_ms'], '.1f')} | {fmt(r['ttft_vs_plain'])} | {fmt(r['M'])} | "
-                     f"{fmt(r['alpha'])} |")
+                     f"{fmt(r['alpha'])} | {fmt(r['drafted_per_output'])} |")
     return "\n".join(lines)
 
 
@@ -478,7 +483,8 @@ def interval_note(rows: list[dict]) -> str:
             f"{'/'.join(map(str, rounds))} round(s). Interval: {said} (2-3 rounds: min-max; "
             f"{BOOTSTRAP_ROUNDS} or more: bootstrap). TPOT and TTFT: the median over rounds of vLLM's "
             "per-round p50/p99. Acceptance length M = 1 + accepted / drafts, rate = accepted / "
-            "drafted tokens (vLLM's spec-decode counters, summed over rounds). The A/A control's "
+            "drafted tokens, draft tokens / output token = drafted tokens over output tokens "
+            "(vLLM's spec-decode counters, copies and self-drafts alike, summed over rounds). The A/A control's "
             "row is the noise floor of every column.")
 
 

@@ -275,6 +275,29 @@ def test_serve_speedups_are_over_each_groups_plain_server():
                         ("plain (A/A control) [group 2]", 1): 1.0, ("clasp", 1): 0.8}
 
 
+def test_serve_reports_how_much_each_server_drafted_per_output_token():
+    """Draft tokens over output tokens, summed over rounds: the column that shows
+    the cost model drafting less under load. Plain servers draft nothing: no figure."""
+    from bench_serve import summarize, table
+
+    def record(name, family, r, tokens, drafted):
+        result = {"total_output_tokens": tokens, "duration": 1.0, "completed": 1,
+                  "median_tpot_ms": 1.0, "median_ttft_ms": 1.0}
+        if drafted is not None:
+            result.update(spec_decode_num_drafts=10, spec_decode_draft_tokens=drafted,
+                          spec_decode_accepted_tokens=drafted // 2)
+        return {"group": 0, "config": name, "family": family, "prompt_tokens": None,
+                "level": 8, "round": r, "result": result}
+    records = [record("plain", "plain", 0, 100, None), record("plain", "plain", 1, 100, None),
+               record("quantized", "plugin", 0, 100, 30), record("quantized", "plugin", 1, 300, 10)]
+    rows = {r["config"]: r for r in summarize(records)}
+    assert rows["quantized"]["drafted_per_output"] == pytest.approx(40 / 400)
+    assert rows["plain"]["drafted_per_output"] is None
+    text = table(list(rows.values()), None)
+    assert text.splitlines()[0].endswith("| draft tokens / output token |")
+    assert text.splitlines()[3].endswith("| 0.50 | 0.10 |")  # quantized: rate 20/40, 40/400
+
+
 def test_pooled_runs_pair_each_question_with_its_own_runs_plain():
     # Two runs: in the second the method sat in engine group 2, beside that
     # group's plain engine ("plain [group 2]"). Pooled, each question is paired

@@ -258,8 +258,9 @@ def test_bench_serve_renders_a_sweep_from_its_json(tmp_path, isolated):
     rows = {(line.split(" | ")[0][2:], line.split(" | ")[1]): line for line in text.splitlines()
             if line.startswith("| ") and not line.startswith("| config")}
     # config | level | requests | tok/s | speedup | interval | TPOT | TTFT p50 | p99 | TTFT/plain | M | alpha
-    assert rows[("plain", "1")] == "| plain | 1 | 16 | 10.0 | 1.00 | - | 50.0 | 100.0 | 200.0 | 1.00 | - | - |"
-    assert rows[("ngram", "1")] == "| ngram | 1 | 16 | 12.5 | 1.25 | 1.20-1.30 | 50.0 | 120.0 | 240.0 | 1.20 | 3.00 | 0.50 |"
+    # | drafted / output tokens (ngram at 1: 2 x 40 over 120 + 130)
+    assert rows[("plain", "1")] == "| plain | 1 | 16 | 10.0 | 1.00 | - | 50.0 | 100.0 | 200.0 | 1.00 | - | - | - |"
+    assert rows[("ngram", "1")] == "| ngram | 1 | 16 | 12.5 | 1.25 | 1.20-1.30 | 50.0 | 120.0 | 240.0 | 1.20 | 3.00 | 0.50 | 0.32 |"
     assert rows[("ngram", "2")].startswith("| ngram | 2 | 16 | 20.0 | 1.00 | 0.95-1.05 |")
     assert rows[("ngram", "4")].startswith("| ngram | 4 | 16 | 36.0 | 0.90 | 0.85-0.95 |")
     assert [rows[("swift", lvl)].split(" | ")[4:6] for lvl in "124"] == [
