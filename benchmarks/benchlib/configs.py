@@ -155,7 +155,7 @@ def build_configs(args, model_path: str) -> list[Config]:
                 label = f"swift r={args.swift_ratio:g}" if args.swift_ratio else "swift"
                 configs.append(Config(label + suffix, method, spec_for(method, {**base, **opts}), reason))
             elif method == "clasp":
-                opts = {"skip_ratio": args.clasp_ratio} if args.clasp_ratio else {}
+                opts = {"layer_skip_ratio": args.clasp_ratio} if args.clasp_ratio else {}
                 label = f"clasp r={args.clasp_ratio:g}" if args.clasp_ratio else "clasp"
                 configs.append(Config(label + suffix, method, spec_for(method, {**base, **opts}), reason))
             elif method == "self_sd":  # the skip profile shipped with the plugin
@@ -366,7 +366,7 @@ def default_swift_ratio() -> float:
 
 def swift_initial_sets(num_layers: int, ratio: float) -> dict:
     """The evenly spread set SWIFT starts from, as layer_skip options."""
-    from vllm_layerskip.core.set_search import SubLayerSpace
+    from vllm_layerskip.core.skip_set_optimizer import SubLayerSpace
     from vllm_layerskip.methods.swift.options import SwiftOptions
 
     space = SubLayerSpace(num_layers)
@@ -378,11 +378,12 @@ def clasp_uniform_sets(num_layers: int, ratio: float | None, clasp_options: dict
     """Whole layers, as many as CLaSp skips with these options, evenly spread the
     way CLaSp's own starting set is."""
     from vllm_layerskip.methods.clasp.options import ClaspOptions
-    from vllm_layerskip.methods.clasp.search import evenly_spread_layers
+    from vllm_layerskip.methods.clasp.dp_scheduler import evenly_spread_layers
 
-    keys = {k: v for k, v in clasp_options.items() if k in ("num_skip_layers", "skip_ratio")}
-    if ratio and "num_skip_layers" not in keys:
-        keys["skip_ratio"] = ratio
+    keys = {k: v for k, v in clasp_options.items()
+            if k in ("num_skip_layers", "layer_skip_ratio", "skip_ratio")}
+    if ratio and not keys.keys() & {"num_skip_layers", "skip_ratio"}:
+        keys["layer_skip_ratio"] = ratio
     layers = sorted(evenly_spread_layers(num_layers, ClaspOptions(**keys).num_skipped(num_layers)))
     return {"skip_attn": layers, "skip_mlp": layers}
 
@@ -391,7 +392,7 @@ def self_sd_uniform_sets(model_path: str) -> dict:
     """As many sub-layers as the shipped Self-SD profile skips, spread evenly the
     way the search's seed set is (whole layers first)."""
     from vllm_layerskip.core.identity import checkpoint_identity
-    from vllm_layerskip.core.set_search import SubLayerSpace
+    from vllm_layerskip.core.skip_set_optimizer import SubLayerSpace
     from vllm_layerskip.methods.self_sd.profile import load_profile
 
     cfg = model_config(model_path)

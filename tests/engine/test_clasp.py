@@ -19,7 +19,7 @@ from vllm_layerskip.core.measure import (
     shutdown,
     spec_decode_counters,
 )
-from vllm_layerskip.methods.clasp.search import evenly_spread_layers
+from vllm_layerskip.methods.clasp.dp_scheduler import evenly_spread_layers
 
 # ---- a real engine's layers: DP vs exhaustive search on a tiny model --------
 
@@ -32,7 +32,7 @@ def _install_exhaustive_check(worker):
     skip set of the same size with the same objective on the same tokens,
     through the engine's own layers."""
     drafter = worker.model_runner.drafter
-    search = drafter.search
+    search = drafter.dp
     original = search.run_dp
     drafter.dp_checks = []
 

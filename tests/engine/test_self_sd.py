@@ -17,7 +17,7 @@ from vllm_layerskip.core.measure import (
 )
 from vllm_layerskip.core.errors import LayerSkipConfigError
 from vllm_layerskip.core.identity import ModelIdentity
-from vllm_layerskip.core.set_search import SubLayerSpace
+from vllm_layerskip.core.skip_set_optimizer import SubLayerSpace
 from vllm_layerskip.methods.self_sd.profile import load_profile
 
 SMOLLM2 = ModelIdentity("/somewhere/SmolLM2-135M-Instruct", "LlamaForCausalLM", 30, 576, 49152)
@@ -31,7 +31,7 @@ def _search_args(model, prompts, out, iterations):
 
 
 def test_search_runs_resumes_and_writes_a_loadable_profile(tiny_model_dir, tmp_path):
-    from vllm_layerskip.methods.self_sd.search_tool import run_search
+    from vllm_layerskip.methods.self_sd.offline_search import run_search
 
     model = tiny_model_dir("llama", num_layers=5, out_proj_std=0.03)
     prompts = tmp_path / "prompts.txt"

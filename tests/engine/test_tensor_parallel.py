@@ -28,9 +28,9 @@ from vllm_layerskip.core.faults import DELAY_ENV_VAR
 from vllm_layerskip.methods.clasp.layer_dp import DPResult
 from vllm_layerskip.core.identity import ModelIdentity
 from vllm_layerskip.methods.clasp.options import ClaspOptions
-from vllm_layerskip.methods.clasp.search import ClaspSearch
+from vllm_layerskip.methods.clasp.dp_scheduler import ClaspDPScheduler
 from vllm_layerskip.methods.swift.options import SwiftOptions
-from vllm_layerskip.methods.swift.search import SwiftSearch
+from vllm_layerskip.methods.swift.optimizer import SwiftOptimizer
 from vllm_layerskip.core.rank_agreement import TensorParallelAgreement
 
 # ---- unit tests: two ranks as threads ------------------------------------------
@@ -86,7 +86,7 @@ def run_ranks(fn, world_size: int = 2) -> list:
 
 
 def test_swift_ranks_switch_sets_at_the_same_steps_with_a_slow_rank0_thread(monkeypatch):
-    from test_swift_search import NUM_LAYERS, FakeEngine, FakeRunner
+    from test_swift_optimizer import NUM_LAYERS, FakeEngine, FakeRunner
 
     identity = ModelIdentity("tiny", "LlamaForCausalLM", NUM_LAYERS, 64, 1000)
     options = SwiftOptions(skip_ratio=0.5, context_window=8, bo_interval=1000, patience=400,
@@ -99,7 +99,7 @@ def test_swift_ranks_switch_sets_at_the_same_steps_with_a_slow_rank0_thread(monk
     steps = 200
 
     def rank(agreement):
-        search = SwiftSearch(options, NUM_LAYERS, identity, agreement=agreement)
+        search = SwiftOptimizer(options, NUM_LAYERS, identity, agreement=agreement)
         engine, runner = FakeEngine(harmless=range(0, 12, 2)), FakeRunner()
         masks = []
         for _ in range(steps):
@@ -118,7 +118,7 @@ def test_swift_ranks_switch_sets_at_the_same_steps_with_a_slow_rank0_thread(monk
 
 
 def test_swift_followers_take_rank0_state_file(tmp_path):
-    from test_swift_search import NUM_LAYERS
+    from test_swift_optimizer import NUM_LAYERS
 
     from vllm_layerskip.methods.swift.state_file import SwiftState, save_state
 
@@ -133,7 +133,7 @@ def test_swift_followers_take_rank0_state_file(tmp_path):
             # Another engine rewrites the file between the ranks' start-ups.
             time.sleep(0.1)
             path.unlink()
-        return SwiftSearch(SwiftOptions(skip_ratio=0.5, state_file=str(path)), NUM_LAYERS,
+        return SwiftOptimizer(SwiftOptions(skip_ratio=0.5, state_file=str(path)), NUM_LAYERS,
                            identity, agreement=agreement)
 
     lead, follow = run_ranks(rank)
@@ -149,7 +149,7 @@ def test_clasp_ranks_adopt_rank0_dp_result():
              1: [DPResult((2, 3), 0.9), DPResult((4, 5), 0.8), None]}
 
     def rank(agreement):
-        search = ClaspSearch(options, 6, agreement)
+        search = ClaspDPScheduler(options, 6, agreement)
         outcomes = iter(picks[agreement.rank])
 
         def run_dp(*args):
@@ -234,7 +234,7 @@ METHODS = {
     # A set that wins one duel switches at once (confirm_duels 0): with the
     # default's two confirming duels on fresh positions, a CI run of these 3 x 40
     # tokens made no switch (2026-11-26). Every confirming decision follows from
-    # scores rank 0 shares, as the first duel's does (search.py).
+    # scores rank 0 shares, as the first duel's does (optimizer.py).
     "swift": {"adaptive_draft_length": False, "max_optimizer_share": 1.0, "context_window": 8,
               "max_score_tokens": 24, "patience": 1000, "target_matchness": 1.0,
               "draft_confidence_threshold": 0.0, "confirm_duels": 0},
@@ -278,7 +278,8 @@ def _install_draft_log(worker):
 
 def _read_draft_log(worker):
     drafter = worker.model_runner.drafter
-    search = getattr(drafter, "search", None)
+    # What switches the skip set: SWIFT's optimizer, CLaSp's DP scheduler.
+    search = getattr(drafter, "optimizer", None) or getattr(drafter, "dp", None)
     return {
         "rank": worker.rank,
         "drafts": drafter.tp_log,

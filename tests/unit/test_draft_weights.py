@@ -3,6 +3,7 @@ computes, vLLM's bias and return conventions, when draft passes use the copies,
 and the errors a user sees. The engine-level parity with draft weights on is
 in tests/engine/test_parity_smollm2.py."""
 
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -80,7 +81,7 @@ def test_w8a8_without_fbgemm_says_what_to_use(monkeypatch):
     monkeypatch.setattr(draft_weights, "_quantized_engines", lambda: ["qnnpack"])
     with pytest.raises(LayerSkipConfigError, match=r"\"w8a8\" needs torch's FBGEMM int8 kernels "
                                                     r"\(x86 CPUs\); this torch has only qnnpack. "
-                                                    r"Use \"int4\" or \"int8\""):
+                                                    r"Use \"int4\"\."):
         QuantizedLinear(linear(32, 64), "w8a8")
 
 
@@ -191,7 +192,7 @@ def test_w8a8_copies_serve_passes_of_any_size():
 def test_option_errors_name_the_value_and_the_choices():
     assert LayerSkipOptions(draft_weights="int4").draft_weights == "int4"
     assert LayerSkipOptions().draft_weights is None
-    with pytest.raises(LayerSkipConfigError, match=r"must be one of 'int4', 'int8', 'w8a8', got 'INT4' "
+    with pytest.raises(LayerSkipConfigError, match=r"must be one of 'int4', 'w8a8', got 'INT4' "
                                                     r"\(did you mean \"int4\"\?\)"):
         LayerSkipOptions(draft_weights="INT4")
     with pytest.raises(LayerSkipConfigError, match="got 4;"):
@@ -203,7 +204,21 @@ def test_gpu_weights_are_refused_with_what_to_do():
         device=torch.device("meta"), dtype=torch.bfloat16, shape=(8, 32))))
     with pytest.raises(LayerSkipConfigError, match="runs on CPU only.*Remove the key"):
         QuantizedLinear(layer, "int4")
-    assert draft_weights.SCHEMES == ("int4", "int8", "w8a8")
+    assert draft_weights.SCHEMES == ("int4", "w8a8")
+
+
+def test_int8_draft_weights_are_deprecated_with_what_to_use(caplog):
+    """"int8" (weight-only) never paid: still accepted, with a warning naming
+    the schemes to use; a misspelling is refused with a did-you-mean."""
+    from vllm_layerskip.core.options import DraftingOptions
+
+    with caplog.at_level(logging.WARNING, logger="vllm.layerskip"):
+        assert DraftingOptions(draft_weights="int8").draft_weights == "int8"
+    assert "'draft_weights': 'int8' is deprecated" in caplog.text
+    assert 'use "int4" for one request at a time or "w8a8" for many' in caplog.text
+    with pytest.raises(LayerSkipConfigError,
+                       match="must be one of 'int4', 'w8a8', got 'int5' \\(did you mean"):
+        DraftingOptions(draft_weights="int5")
 
 
 def dequantized(copy: QuantizedLinear, k: int) -> torch.Tensor:

@@ -93,8 +93,8 @@ def test_unknown_methods_fail_clearly(method, hint):
     [
         ({"num_skip_layers": 0}, "'num_skip_layers' must be a positive integer (layers), got 0"),
         ({"num_skip_layers": 4.5}, "'num_skip_layers' must be a positive integer (layers), got 4.5"),
-        ({"skip_ratio": 1.0}, "'skip_ratio' must be a number in (0, 1), got 1.0"),
-        ({"skip_ratio": 0.4, "num_skip_layers": 12}, "either 'num_skip_layers' or 'skip_ratio'"),
+        ({"layer_skip_ratio": 1.0}, "'layer_skip_ratio' must be a number in (0, 1), got 1.0"),
+        ({"layer_skip_ratio": 0.4, "num_skip_layers": 12}, "either 'num_skip_layers' or 'layer_skip_ratio'"),
         ({"layer_optimization_interval": 0},
          "'layer_optimization_interval' must be a positive integer (verify steps between DP runs), got 0"),
         ({"protect_first_layers": -1}, "'protect_first_layers' must be an integer >= 0 (layers), got -1"),
@@ -116,7 +116,7 @@ def test_clasp_defaults_follow_the_paper():
     assert method == "clasp" and isinstance(options, ClaspOptions)
     assert options.num_skipped(32) == 16  # half the layers
     assert options.draft_confidence_threshold == 0.7  # the draft-exiting threshold
-    assert ClaspOptions(skip_ratio=0.4).num_skipped(30) == 12
+    assert ClaspOptions(layer_skip_ratio=0.4).num_skipped(30) == 12
     assert ClaspOptions(num_skip_layers=9).num_skipped(30) == 9
 
 
@@ -150,6 +150,20 @@ def test_removed_background_dp_is_accepted_with_one_warning(plugin_warnings, val
         "release refuses it."]
     # Nothing else about the options changes.
     assert dataclasses.replace(options, background_dp=None) == ClaspOptions(num_skip_layers=8)
+
+
+def test_clasp_old_skip_ratio_key_reads_as_layer_skip_ratio_with_a_warning(plugin_warnings):
+    _, options, _ = split_speculative_config({"method": "clasp", "skip_ratio": 0.4}, VLLM_KEYS)
+    assert options == ClaspOptions(layer_skip_ratio=0.4)
+    assert options.num_skipped(30) == 12
+    assert plugin_warnings == [
+        "vllm-layerskip clasp: 'skip_ratio' is now 'layer_skip_ratio' (a share of whole "
+        "decoder layers; the other methods' 'skip_ratio' is a share of sub-layers). Rename "
+        "it in the speculative config; the next release refuses 'skip_ratio'."]
+    with pytest.raises(LayerSkipConfigError, match="give only 'layer_skip_ratio'"):
+        ClaspOptions(skip_ratio=0.4, layer_skip_ratio=0.5)
+    with pytest.raises(LayerSkipConfigError, match="'layer_skip_ratio' must be a number in"):
+        ClaspOptions(skip_ratio=1.5)
 
 
 def test_removed_clasp_keys_together_get_one_warning(plugin_warnings):

@@ -94,7 +94,7 @@ def test_acceptance_objective_ranks_by_m_alone_and_needs_a_fixed_size():
     from types import SimpleNamespace
 
     from vllm_layerskip.methods.self_sd.objective import rescore
-    from vllm_layerskip.methods.self_sd.search_tool import run_search
+    from vllm_layerskip.methods.self_sd.offline_search import run_search
 
     # The cheapest set (fewest weights, lowest c) accepts least: acceptance ranks
     # it last where proxy would rank it first; equal M falls back on alpha.
@@ -133,9 +133,9 @@ def _fake_swaps_search(tmp_path, monkeypatch, evaluator, prompts: list[str], **o
     from types import SimpleNamespace
 
     import vllm_layerskip.core.identity as identity
-    from vllm_layerskip.methods.self_sd import search_tool
+    from vllm_layerskip.methods.self_sd import offline_search
 
-    monkeypatch.setattr(search_tool, "Evaluator", evaluator)
+    monkeypatch.setattr(offline_search, "Evaluator", evaluator)
     monkeypatch.setattr(identity, "model_identity", lambda config: SMOLLM2)
     (tmp_path / "prompts.txt").write_text("".join(p + "\n" for p in prompts))
     args = SimpleNamespace(
@@ -143,7 +143,7 @@ def _fake_swaps_search(tmp_path, monkeypatch, evaluator, prompts: list[str], **o
         iterations=30, objective="acceptance", skip_ratio=0.5, k=3, init="uniform", init_from=None,
         seed=0, dtype="float32", max_model_len=256, resume=True, out=str(tmp_path / "profile.json"),
         strategy="swaps", **options)
-    return args, search_tool.run_search(args)
+    return args, offline_search.run_search(args)
 
 
 def test_swaps_strategy_climbs_one_swap_at_a_time_from_the_seed(tmp_path, monkeypatch):
@@ -154,8 +154,8 @@ def test_swaps_strategy_climbs_one_swap_at_a_time_from_the_seed(tmp_path, monkey
     import json
     from types import SimpleNamespace
 
-    from vllm_layerskip.core.set_search import SubLayerSpace
-    from vllm_layerskip.methods.self_sd import search_tool
+    from vllm_layerskip.core.skip_set_optimizer import SubLayerSpace
+    from vllm_layerskip.methods.self_sd import offline_search
 
     space = SubLayerSpace(8)  # 12 coordinates
     upper = set(range(space.dim // 2, space.dim))  # the MLPs' coordinates
@@ -185,10 +185,10 @@ def test_swaps_strategy_climbs_one_swap_at_a_time_from_the_seed(tmp_path, monkey
 
     # Swaps keep the set's size and need a set to start from: refused before any engine.
     with pytest.raises(LayerSkipConfigError, match="--strategy swaps keeps the size"):
-        search_tool.run_search(SimpleNamespace(**{**vars(args), "objective": "proxy",
+        offline_search.run_search(SimpleNamespace(**{**vars(args), "objective": "proxy",
                                                   "skip_ratio": None}))
     with pytest.raises(LayerSkipConfigError, match="refines a starting set and was given none"):
-        search_tool.run_search(SimpleNamespace(**{**vars(args), "init": "none"}))
+        offline_search.run_search(SimpleNamespace(**{**vars(args), "init": "none"}))
 
 
 def test_validation_prompts_choose_among_the_best_sets(tmp_path, monkeypatch):
@@ -199,8 +199,8 @@ def test_validation_prompts_choose_among_the_best_sets(tmp_path, monkeypatch):
     import json
     from types import SimpleNamespace
 
-    from vllm_layerskip.core.set_search import SubLayerSpace
-    from vllm_layerskip.methods.self_sd import search_tool
+    from vllm_layerskip.core.skip_set_optimizer import SubLayerSpace
+    from vllm_layerskip.methods.self_sd import offline_search
 
     space = SubLayerSpace(8)
     upper = set(range(space.dim // 2, space.dim))
@@ -243,9 +243,9 @@ def test_validation_prompts_choose_among_the_best_sets(tmp_path, monkeypatch):
     assert profile.objective["M"] == 6.0 == max(s["M"] for s in record["sets"])
 
     with pytest.raises(LayerSkipConfigError, match="the prompt file has 5 prompts, 3 after the 2"):
-        search_tool.run_search(SimpleNamespace(**{**vars(args), "validate_prompts": 4}))
+        offline_search.run_search(SimpleNamespace(**{**vars(args), "validate_prompts": 4}))
     with pytest.raises(LayerSkipConfigError, match="--validate-top T >= 1"):
-        search_tool.run_search(SimpleNamespace(**{**vars(args), "validate_top": 0}))
+        offline_search.run_search(SimpleNamespace(**{**vars(args), "validate_top": 0}))
 
 
 def test_every_shipped_profile_loads_for_the_model_it_names():

@@ -16,9 +16,11 @@ Schemes (`draft_weights`):
 - "int4": asymmetric 4-bit, one scale and zero per 32 weights of a row
   (torch's `_weight_int4pack_mm_for_cpu`); a weight whose rows are not a
   multiple of 32 long, or whose row count is not a multiple of 16 (the
-  kernel's tiles), falls back to int8.
-- "int8": symmetric 8-bit, one scale per output row (`_weight_int8pack_mm`).
-- "w8a8": int8 weights as "int8", and each pass's activations quantized to
+  kernel's tiles), falls back to int8 weight-only (`_weight_int8pack_mm`).
+- "int8" (that weight-only kernel for every weight) is deprecated: slower than
+  "int4" at 1-4 tokens a pass and than "w8a8" at more (below), it never paid.
+  Accepted, with a warning, for one release.
+- "w8a8": int8 weights (symmetric, one scale per output row), and each pass's activations quantized to
   8 bits per token on the fly (FBGEMM's dynamic int8 linear): reads int8
   weights once for all of a pass's tokens, so it gains at any pass size (8
   concurrent requests), where the weight-only kernels compute token by token.
@@ -51,7 +53,8 @@ from vllm_layerskip.core.cpu_dtype import cpu_flags
 from vllm_layerskip.core.draft_layer import DraftLayer
 from vllm_layerskip.core.errors import LayerSkipConfigError
 
-SCHEMES = ("int4", "int8", "w8a8")
+SCHEMES = ("int4", "w8a8")  # what `draft_weights` takes
+DEPRECATED_SCHEMES = ("int8",)  # accepted with a warning for one release
 # How "int4" picks each group's step (`draft_weights_grid`): "auto" finds a
 # checkpoint's own 4-bit grid where it has one, "minmax" never looks for one.
 GRIDS = ("auto", "minmax")
@@ -126,7 +129,7 @@ class QuantizedLinear:
         if "fbgemm" not in engines:
             raise LayerSkipConfigError(
                 f"'draft_weights': \"w8a8\" needs torch's FBGEMM int8 kernels (x86 CPUs); this "
-                f"torch has only {', '.join(engines)}. Use \"int4\" or \"int8\".")
+                f"torch has only {', '.join(engines)}. Use \"int4\".")
 
     @property
     def nbytes(self) -> int:

@@ -8,6 +8,7 @@ keys out of the user's `--speculative-config` and builds it."""
 from __future__ import annotations
 
 import difflib
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,9 +44,11 @@ class DraftingOptions:
     as many ids as the file was made for."""
 
     draft_weights: str | None = None
-    """Draft passes read the decoder's linear weights quantized, "int4", "int8"
-    or "w8a8" (int8 weights and activations, for passes of many tokens): a copy made at load (core/draft_weights.py), verification keeps the
-    model's own weights. Unset: drafts read the model's weights. CPU only."""
+    """Draft passes read the decoder's linear weights quantized, "int4" or
+    "w8a8" (int8 weights and activations, for passes of many tokens): a copy
+    made at load (core/draft_weights.py), verification keeps the model's own
+    weights. Unset: drafts read the model's weights. CPU only. ("int8",
+    weight-only, is deprecated: it never paid.)"""
     draft_weights_grid: str | None = None
     """How "int4" draft weights pick each group's step: "auto" (the default) keeps
     the 4-bit grid of a checkpoint dequantized from 4 bits (a GGUF Q4_K) where a
@@ -76,10 +79,16 @@ class DraftingOptions:
             )
 
     def _check_draft_weights(self) -> None:
-        from vllm_layerskip.core.draft_weights import SCHEMES
+        from vllm_layerskip.core.draft_weights import DEPRECATED_SCHEMES, SCHEMES
 
         value = self.draft_weights
-        if value is not None and value not in SCHEMES:
+        if value in DEPRECATED_SCHEMES:
+            logging.getLogger("vllm.layerskip").warning(
+                "vllm-layerskip: 'draft_weights': %r is deprecated (weight-only 8 bits was "
+                "slower than \"int4\" at 1-4 tokens a pass and than \"w8a8\" at more); use "
+                "\"int4\" for one request at a time or \"w8a8\" for many. The next release "
+                "refuses %r.", value, value)
+        elif value is not None and value not in SCHEMES:
             close = difflib.get_close_matches(str(value).lower(), SCHEMES, n=1)
             hint = f" (did you mean \"{close[0]}\"?)" if close else ""
             raise LayerSkipConfigError(

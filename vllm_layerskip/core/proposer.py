@@ -31,8 +31,9 @@ logger = logging.getLogger("vllm.layerskip")
 
 
 
-class LayerSkipProposerBase:
-    """A drafter that runs the target model itself with some sub-layers skipped.
+class SelfDraftProposer:
+    """A drafter whose draft is the target model itself: some sub-layers
+    skipped, its weights read at 4 bits, or an early exit (the method says).
 
     vLLM builds it from `speculative_config.model` (the `custom_class` path),
     calls `load_model(target_model)` once, and, through patches/model_runner.py,

@@ -37,7 +37,6 @@ class MethodSpec:
     name: str
     options: type  # a core.options.DraftingOptions subclass
     proposer: str  # dotted path of the proposer class (vLLM's custom_class loads it)
-    tensor_parallel: bool  # keeps tensor-parallel ranks in step (core/rank_agreement.py)
 
 
 METHOD_NAMES = tuple(PACKAGES)
@@ -109,6 +108,3 @@ def split_speculative_config(
         raise LayerSkipConfigError(str(e)) from e
     return name, options, vllm_part
 
-
-def tensor_parallel_methods() -> list[str]:
-    return [name for name in METHOD_NAMES if method(name).tensor_parallel]

@@ -65,18 +65,8 @@ def _validate_for_target(method: str, options: Any, raw: dict, target_model_conf
             "vLLM runs the drafter on the last pipeline stage only, which does not "
             "hold the early layers the draft pass needs. Use tensor parallelism."
         )
-    # A method keeps its ranks in step (core/rank_agreement.py) or says it does
-    # not, in its registry entry.
+    # Every method keeps its tensor-parallel ranks in step (core/rank_agreement.py).
     tp = target_parallel_config.tensor_parallel_size
-    if tp > 1 and not registry.method(method).tensor_parallel:
-        names = [f"'{m}'" for m in registry.tensor_parallel_methods()]
-        others = " or ".join(filter(None, (", ".join(names[:-1]), names[-1] if names else "")))
-        raise LayerSkipConfigError(
-            f"Method '{method}' does not support tensor parallelism yet "
-            f"(tensor_parallel_size={tp}): its ranks could choose different skip sets, "
-            "and ranks that skip different layers hang in their all-reduce. Use "
-            f"tensor_parallel_size=1, or method {others}."
-        )
     # Options that depend on the parallel layout (a method's validate_for_parallelism).
     options.validate_for_parallelism(tp)
     check_model_supported(target_model_config)

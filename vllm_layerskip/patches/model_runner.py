@@ -44,9 +44,9 @@ from vllm_layerskip.patches.engine_core import DRAFTS_ATTR
 def _has_layerskip_drafter(runner) -> bool:
     # Imported on use, as each patch function did before: a module-level import
     # would load the proposers wherever vLLM loads the plugin's patches.
-    from vllm_layerskip.core.proposer import LayerSkipProposerBase
+    from vllm_layerskip.core.proposer import SelfDraftProposer
 
-    return isinstance(getattr(runner, "drafter", None), LayerSkipProposerBase)
+    return isinstance(getattr(runner, "drafter", None), SelfDraftProposer)
 
 
 def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, *args, **kwargs):

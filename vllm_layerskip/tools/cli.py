@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--dtype", help="default: bfloat16 for qwen2.5-coder-1.5b, float32 for smollm2-135m")
     demo.add_argument("--num-prompts", type=int, default=6)
     demo.add_argument("--max-tokens", type=int, default=None)
-    from vllm_layerskip.methods.self_sd.search_tool import add_arguments
+    from vllm_layerskip.methods.self_sd.offline_search import add_arguments
 
     search = sub.add_parser("search", help="Bayesian search of a skip set; writes a profile "
                                            "for method self_sd")
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "search":
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-        from vllm_layerskip.methods.self_sd.search_tool import run_search
+        from vllm_layerskip.methods.self_sd.offline_search import run_search
 
         run_search(args)
         return 0

@@ -37,20 +37,6 @@ def spec_bench_path(required: bool = True) -> str | None:
     )
 
 
-def load_spec_bench(per_category: int, path: str | None = None) -> list[dict]:
-    """The first `per_category` questions of each Spec-Bench category (first turn)."""
-    counts: dict[str, int] = {}
-    out = []
-    with open(path or spec_bench_path()) as f:
-        for line in f:
-            q = json.loads(line)
-            cat = q["category"]
-            if counts.get(cat, 0) < per_category:
-                counts[cat] = counts.get(cat, 0) + 1
-                out.append({"category": cat, "prompt": q["turns"][0]})
-    return out
-
-
 def benchmark_dataset(path: str | None = None) -> str:
     """The questions a benchmark prompts with, as a Spec-Bench-format file: the
     path given (--dataset-path), else $SPEC_BENCH_QUESTIONS or the copy beside

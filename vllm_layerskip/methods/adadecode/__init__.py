@@ -5,5 +5,4 @@ METHOD = MethodSpec(
     name="adadecode",
     options=AdaDecodeOptions,
     proposer="vllm_layerskip.methods.adadecode.proposer.AdaDecodeProposer",
-    tensor_parallel=True,
 )

@@ -35,13 +35,13 @@ import logging
 from vllm_layerskip.core.draft_batch import DraftRequests, DraftResult
 from vllm_layerskip.methods.adadecode.heads import load_heads
 from vllm_layerskip.core.identity import model_identity
-from vllm_layerskip.core.proposer import LayerSkipProposerBase
+from vllm_layerskip.core.proposer import SelfDraftProposer
 from vllm_layerskip.methods.adadecode.early_exit import EarlyExit, EarlyExitPath
 
 logger = logging.getLogger("vllm.layerskip")
 
 
-class AdaDecodeProposer(LayerSkipProposerBase):
+class AdaDecodeProposer(SelfDraftProposer):
     def on_model_loaded(self) -> None:
         self.set_heads(self.options.heads)
 

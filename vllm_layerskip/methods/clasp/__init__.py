@@ -5,5 +5,4 @@ METHOD = MethodSpec(
     name="clasp",
     options=ClaspOptions,
     proposer="vllm_layerskip.methods.clasp.proposer.ClaspProposer",
-    tensor_parallel=True,
 )

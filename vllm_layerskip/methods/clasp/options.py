@@ -28,10 +28,14 @@ class ClaspOptions(DraftingOptions):
     DEFAULT_SKIP_RATIO = 0.5  # class constant, not an option
 
     num_skip_layers: int | None = None
-    """M: whole decoder layers the draft skips. Give this or `skip_ratio`."""
-    skip_ratio: float | None = None
+    """M: whole decoder layers the draft skips. Give this or `layer_skip_ratio`."""
+    layer_skip_ratio: float | None = None
     """M as a fraction of the L decoder layers: M = round(r * L). When neither
-    is given, r = 0.5 (the paper finds 40-60% best, Sec. 5.3.1)."""
+    is given, r = 0.5 (the paper finds 40-60% best, Sec. 5.3.1). A share of
+    whole layers: the other methods' `skip_ratio` is a share of sub-layers."""
+    skip_ratio: float | None = None
+    """The old spelling of `layer_skip_ratio`: accepted, with a warning that
+    names the new key, for one release."""
     layer_optimization_interval: int = 16
     """Verify steps between DP runs. In the paper the speedup first rises with
     the interval, then falls once it passes 128 (Sec. 3.7, 5.3.2, Fig. 4b); the
@@ -62,17 +66,19 @@ class ClaspOptions(DraftingOptions):
         super().__post_init__()
         if self.num_skip_layers is not None:
             check_int("num_skip_layers", self.num_skip_layers, minimum=1, unit="layers")
-        r = self.skip_ratio
+        self._take_old_ratio_key()
+        r = self.layer_skip_ratio
         if r is not None and (
             isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 < r < 1.0
         ):
             raise LayerSkipConfigError(
-                f"'skip_ratio' must be a number in (0, 1), got {r!r}. CLaSp skips "
+                f"'layer_skip_ratio' must be a number in (0, 1), got {r!r}. CLaSp skips "
                 "this fraction of the decoder layers; the paper uses 0.4-0.6."
             )
         if r is not None and self.num_skip_layers is not None:
             raise LayerSkipConfigError(
-                "Give either 'num_skip_layers' or 'skip_ratio' for method 'clasp', not both."
+                "Give either 'num_skip_layers' or 'layer_skip_ratio' for method 'clasp', "
+                "not both."
             )
         check_int(
             "layer_optimization_interval", self.layer_optimization_interval, minimum=1,
@@ -83,6 +89,22 @@ class ClaspOptions(DraftingOptions):
         check_int("max_dp_requests", self.max_dp_requests, minimum=1, unit="requests")
         check_share("max_optimizer_share", self.max_optimizer_share)
         self._warn_about_removed_keys()
+
+    def _take_old_ratio_key(self) -> None:
+        """`skip_ratio`, CLaSp's key before it was named for its unit (whole
+        layers), is read as `layer_skip_ratio`, with a warning."""
+        if self.skip_ratio is None:
+            return
+        if self.layer_skip_ratio is not None:
+            raise LayerSkipConfigError(
+                "'skip_ratio' is the old name of 'layer_skip_ratio' for method 'clasp'; "
+                "give only 'layer_skip_ratio'.")
+        logger.warning(
+            "vllm-layerskip clasp: 'skip_ratio' is now 'layer_skip_ratio' (a share of whole "
+            "decoder layers; the other methods' 'skip_ratio' is a share of sub-layers). "
+            "Rename it in the speculative config; the next release refuses 'skip_ratio'.")
+        object.__setattr__(self, "layer_skip_ratio", self.skip_ratio)
+        object.__setattr__(self, "skip_ratio", None)
 
     def _warn_about_removed_keys(self) -> None:
         """Old configs that name `background_dp` (the DP on a background thread,
@@ -99,13 +121,13 @@ class ClaspOptions(DraftingOptions):
         """M for a model with `num_layers` decoder layers."""
         if self.num_skip_layers is not None:
             return self.num_skip_layers
-        return round((self.skip_ratio or self.DEFAULT_SKIP_RATIO) * num_layers)
+        return round((self.layer_skip_ratio or self.DEFAULT_SKIP_RATIO) * num_layers)
 
     def validate_for_model(self, model: ModelIdentity) -> None:
         super().validate_for_model(model)
         n = model.num_layers
         m = self.num_skipped(n)
-        key = "num_skip_layers" if self.num_skip_layers is not None else "skip_ratio"
+        key = "num_skip_layers" if self.num_skip_layers is not None else "layer_skip_ratio"
         protected = self.protect_first_layers + self.protect_last_layers
         if protected >= n:
             raise LayerSkipConfigError(
@@ -114,7 +136,7 @@ class ClaspOptions(DraftingOptions):
             )
         if m < 1:
             raise LayerSkipConfigError(
-                f"'skip_ratio' {self.skip_ratio} skips no layer of this model "
+                f"'layer_skip_ratio' {self.layer_skip_ratio} skips no layer of this model "
                 f"({n} decoder layers); raise it."
             )
         most = min(n - 1, n - protected)

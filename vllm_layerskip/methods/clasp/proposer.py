@@ -61,14 +61,14 @@ broadcast and adopted by all (rank_agreement.py), one small message per run.
 from __future__ import annotations
 
 from vllm_layerskip.core.draft_batch import DraftRequests, DraftResult
-from vllm_layerskip.core.proposer import LayerSkipProposerBase
-from vllm_layerskip.methods.clasp.search import ClaspSearch
+from vllm_layerskip.core.proposer import SelfDraftProposer
+from vllm_layerskip.methods.clasp.dp_scheduler import ClaspDPScheduler
 from vllm_layerskip.methods.clasp.layer_states import LayerStates
 
 
-class ClaspProposer(LayerSkipProposerBase):
+class ClaspProposer(SelfDraftProposer):
     def on_model_loaded(self) -> None:
-        self.search = ClaspSearch(self.options, self.engine.num_layers, self.agreement)
+        self.dp = ClaspDPScheduler(self.options, self.engine.num_layers, self.agreement)
         self.layers = LayerStates(self.engine)
 
     def before_draft(self, runner, requests: DraftRequests) -> None:
@@ -77,12 +77,12 @@ class ClaspProposer(LayerSkipProposerBase):
         # cost model keeps drafting off, a due DP run waits, and runs on the
         # step after drafting resumes (e.g. after a probe).
         drafting = self.policy is None or self.self_drafted_last_step
-        self.search.step(runner, self.layers, requests, drafting)
+        self.dp.step(runner, self.layers, requests, drafting)
 
     def draft(self, runner, requests: DraftRequests) -> DraftResult:
         return self.engine.draft(
-            runner, requests, self.search.mask, self.options.draft_confidence_threshold
+            runner, requests, self.dp.mask, self.options.draft_confidence_threshold
         )
 
     def status(self) -> dict:
-        return {**super().status(), "clasp": self.search.summary()}
+        return {**super().status(), "clasp": self.dp.summary()}

@@ -5,5 +5,4 @@ METHOD = MethodSpec(
     name="layer_skip",
     options=LayerSkipOptions,
     proposer="vllm_layerskip.methods.layer_skip.proposer.LayerSkipProposer",
-    tensor_parallel=True,
 )

@@ -6,12 +6,12 @@ import logging
 
 from vllm_layerskip.core.draft_batch import DraftResult
 from vllm_layerskip.methods.layer_skip.options import build_mask
-from vllm_layerskip.core.proposer import LayerSkipProposerBase
+from vllm_layerskip.core.proposer import SelfDraftProposer
 
 logger = logging.getLogger("vllm.layerskip")
 
 
-class LayerSkipProposer(LayerSkipProposerBase):
+class LayerSkipProposer(SelfDraftProposer):
     def on_model_loaded(self) -> None:
         self.mask = build_mask(self.options, self.engine.num_layers)
         logger.info("vllm-layerskip layer_skip: %s", self.mask.describe())

@@ -5,5 +5,4 @@ METHOD = MethodSpec(
     name="quantized",
     options=QuantizedOptions,
     proposer="vllm_layerskip.methods.quantized.proposer.QuantizedProposer",
-    tensor_parallel=True,
 )

@@ -20,7 +20,7 @@ class QuantizedOptions(DraftingOptions):
         if self.draft_weights is None:
             raise LayerSkipConfigError(
                 "Method 'quantized' drafts through a quantized copy of the model's "
-                "weights: 'draft_weights' must be \"int4\", \"w8a8\" or \"int8\" "
+                "weights: 'draft_weights' must be \"int4\" or \"w8a8\" "
                 "(default \"int4\"); for the model's own weights with sub-layers "
                 "skipped use 'layer_skip', 'swift', 'clasp' or 'self_sd'.")
         super().__post_init__()

@@ -7,13 +7,13 @@ from __future__ import annotations
 import logging
 
 from vllm_layerskip.core.draft_batch import DraftResult
-from vllm_layerskip.core.proposer import LayerSkipProposerBase
+from vllm_layerskip.core.proposer import SelfDraftProposer
 from vllm_layerskip.core.skip_mask import SkipMask
 
 logger = logging.getLogger("vllm.layerskip")
 
 
-class QuantizedProposer(LayerSkipProposerBase):
+class QuantizedProposer(SelfDraftProposer):
     def on_model_loaded(self) -> None:
         self.mask = SkipMask.from_sets(self.engine.num_layers, (), ())
         logger.info("vllm-layerskip quantized: every layer drafts through %s weights",

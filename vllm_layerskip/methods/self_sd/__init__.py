@@ -5,5 +5,4 @@ METHOD = MethodSpec(
     name="self_sd",
     options=SelfSdOptions,
     proposer="vllm_layerskip.methods.self_sd.proposer.SelfSdProposer",
-    tensor_parallel=True,
 )

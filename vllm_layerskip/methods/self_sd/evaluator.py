@@ -1,4 +1,4 @@
-"""The engine Self-SD's offline search (`vllm-layerskip search`, search_tool.py)
+"""The engine Self-SD's offline search (`vllm-layerskip search`, offline_search.py)
 scores skip sets with: one `layer_skip` engine, built once, whose skip set is
 swapped on every worker through collective_rpc; each evaluation generates the
 calibration (or validation) prompts with a fixed draft length and measures

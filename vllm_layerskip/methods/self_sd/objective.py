@@ -1,4 +1,4 @@
-"""The objectives of Self-SD's offline search (search_tool.py): the value of
+"""The objectives of Self-SD's offline search (offline_search.py): the value of
 each evaluation, "speed", "proxy" or "acceptance" (the module docstring there
 says what each measures)."""
 

@@ -2,7 +2,7 @@
 Zhang et al., ACL 2024) and stop each draft with the adaptive draft-exiting
 threshold of the paper's Eq. 2-4.
 
-The profile comes from `vllm-layerskip search` (search.py). The threshold is
+The profile comes from `vllm-layerskip search` (offline_search.py). The threshold is
 engine-wide: after each verify step, AR_e is the acceptance rate of the drafts
 it verified (all requests together), and
 
@@ -22,12 +22,12 @@ from vllm_layerskip.core.identity import model_identity
 from vllm_layerskip.core.skip_mask import SkipMask
 from vllm_layerskip.methods.self_sd.profile import load_profile
 from vllm_layerskip.methods.self_sd.threshold import AdaptiveThreshold
-from vllm_layerskip.core.proposer import LayerSkipProposerBase
+from vllm_layerskip.core.proposer import SelfDraftProposer
 
 logger = logging.getLogger("vllm.layerskip")
 
 
-class SelfSdProposer(LayerSkipProposerBase):
+class SelfSdProposer(SelfDraftProposer):
     def on_model_loaded(self) -> None:
         identity = model_identity(self.vllm_config.model_config)
         self.profile = load_profile(self.options.profile, identity)

@@ -1,4 +1,4 @@
-"""The skip sets Self-SD's offline search (search_tool.py) evaluates next, apart
+"""The skip sets Self-SD's offline search (offline_search.py) evaluates next, apart
 from the Gaussian process's suggestions: the seed sets given, random sets, and
 sets one swap away from the best so far."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from vllm_layerskip.core.errors import LayerSkipConfigError
-from vllm_layerskip.core.set_search import BayesianSetOptimizer, Coords, SubLayerSpace
+from vllm_layerskip.core.skip_set_optimizer import BayesianSetOptimizer, Coords, SubLayerSpace
 
 
 def best_coords(history: list[dict]) -> Coords:

@@ -5,5 +5,4 @@ METHOD = MethodSpec(
     name="swift",
     options=SwiftOptions,
     proposer="vllm_layerskip.methods.swift.proposer.SwiftProposer",
-    tensor_parallel=True,
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from vllm_layerskip.core.set_search import Coords, SubLayerSpace
+from vllm_layerskip.core.skip_set_optimizer import Coords, SubLayerSpace
 from vllm_layerskip.methods.swift.scoring import ScoreWindows
 
 # The best set is re-scored beside at least every this-many-th candidate, so

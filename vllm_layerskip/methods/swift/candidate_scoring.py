@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from vllm_layerskip.core.faults import maybe_fail
-from vllm_layerskip.core.set_search import Coords, SubLayerSpace
+from vllm_layerskip.core.skip_set_optimizer import Coords, SubLayerSpace
 from vllm_layerskip.methods.swift.best_set import BestSet
 from vllm_layerskip.methods.swift.optimizer_thread import OptimizerThread
 from vllm_layerskip.methods.swift.scoring import ScoreWindows

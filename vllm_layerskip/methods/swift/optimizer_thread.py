@@ -12,7 +12,7 @@ import numpy as np
 
 from vllm_layerskip.core.background_worker import BackgroundWorker
 from vllm_layerskip.core.faults import maybe_delay, maybe_fail
-from vllm_layerskip.core.set_search import BayesianSetOptimizer, Coords, SubLayerSpace
+from vllm_layerskip.core.skip_set_optimizer import BayesianSetOptimizer, Coords, SubLayerSpace
 from vllm_layerskip.methods.swift.state_file import SwiftState, save_state
 
 logger = logging.getLogger("vllm.layerskip")

@@ -51,14 +51,14 @@ from __future__ import annotations
 
 from vllm_layerskip.core.draft_batch import DraftRequests, DraftResult
 from vllm_layerskip.core.identity import model_identity
-from vllm_layerskip.core.proposer import LayerSkipProposerBase
-from vllm_layerskip.methods.swift.search import SwiftSearch
+from vllm_layerskip.core.proposer import SelfDraftProposer
+from vllm_layerskip.methods.swift.optimizer import SwiftOptimizer
 from vllm_layerskip.methods.swift.scoring import WindowScorer
 
 
-class SwiftProposer(LayerSkipProposerBase):
+class SwiftProposer(SelfDraftProposer):
     def on_model_loaded(self) -> None:
-        self.search = SwiftSearch(
+        self.optimizer = SwiftOptimizer(
             self.options,
             self.engine.num_layers,
             model_identity(self.vllm_config.model_config),
@@ -67,15 +67,15 @@ class SwiftProposer(LayerSkipProposerBase):
         self.scorer = WindowScorer(self.engine)
 
     def before_draft(self, runner, requests: DraftRequests) -> None:
-        self.search.step(runner, self.scorer, requests)
+        self.optimizer.step(runner, self.scorer, requests)
 
     def draft(self, runner, requests: DraftRequests) -> DraftResult:
         return self.engine.draft(
-            runner, requests, self.search.mask, self.options.draft_confidence_threshold
+            runner, requests, self.optimizer.mask, self.options.draft_confidence_threshold
         )
 
     def on_verified(self, num_drafted: int, num_accepted: int) -> None:
-        self.search.observe_acceptance(num_drafted, num_accepted)
+        self.optimizer.observe_acceptance(num_drafted, num_accepted)
 
     def status(self) -> dict:
-        return {**super().status(), "swift": self.search.summary()}
+        return {**super().status(), "swift": self.optimizer.summary()}

@@ -18,7 +18,7 @@ from vllm_layerskip.core.draft_batch import DraftRequests
 from vllm_layerskip.core.faults import ENV_VAR
 from vllm_layerskip.methods.clasp.layer_dp import clasp_dp
 from vllm_layerskip.methods.clasp.options import ClaspOptions
-from vllm_layerskip.methods.clasp.search import ClaspSearch, evenly_spread_layers
+from vllm_layerskip.methods.clasp.dp_scheduler import ClaspDPScheduler, evenly_spread_layers
 
 # ---- the DP on random layers (no engine) -------------------------------------
 
@@ -136,7 +136,7 @@ def requests(num, step):
 def test_search_schedule_batch_objective_and_turns():
     opts = ClaspOptions(num_skip_layers=2, max_optimizer_share=1.0, layer_optimization_interval=3,
                         max_dp_requests=2)
-    search, engine = ClaspSearch(opts, NUM_LAYERS), FakeEngine()
+    search, engine = ClaspDPScheduler(opts, NUM_LAYERS), FakeEngine()
     assert search.skipped == (2, 4)  # even spread until the first DP run
     for step in range(9):
         search.step(FakeRunner(), engine, requests(3, step))
@@ -187,7 +187,7 @@ def test_background_thread_does_not_keep_the_search_alive():
 
 
 def test_dp_waits_while_drafting_is_off():
-    search, engine = ClaspSearch(ClaspOptions(num_skip_layers=2, max_optimizer_share=1.0,
+    search, engine = ClaspDPScheduler(ClaspOptions(num_skip_layers=2, max_optimizer_share=1.0,
                                               layer_optimization_interval=2),
                                  NUM_LAYERS), FakeEngine()
     drafting = [True, False, False, False, True, True, False, True]
@@ -203,7 +203,7 @@ def test_dp_time_is_capped_by_the_optimizer_share(monkeypatch):
     # Fake clock: an engine step takes 0.1 s and a DP run 0.5 s. The DP is due
     # every step; a 10% share allows about one run per 0.5 / 0.1 / 0.1 = 50 steps
     # once the first (which may overdraw) is repaid.
-    from vllm_layerskip.methods.clasp import search as clasp_module
+    from vllm_layerskip.methods.clasp import dp_scheduler as clasp_module
 
     clock = [0.0]
     monkeypatch.setattr(clasp_module.time, "perf_counter", lambda: clock[0])
@@ -213,7 +213,7 @@ def test_dp_time_is_capped_by_the_optimizer_share(monkeypatch):
             clock[0] += 0.5 / NUM_LAYERS
             return super().run_layer(*args)
 
-    search, engine = ClaspSearch(ClaspOptions(num_skip_layers=2, max_optimizer_share=0.1,
+    search, engine = ClaspDPScheduler(ClaspOptions(num_skip_layers=2, max_optimizer_share=0.1,
                                               layer_optimization_interval=1),
                                  NUM_LAYERS), SlowEngine()
     for step in range(200):
@@ -229,7 +229,7 @@ def test_dp_time_is_capped_by_the_optimizer_share(monkeypatch):
 def test_dp_failures_keep_the_last_good_mask(monkeypatch, fault, runs, stopped):
     monkeypatch.setenv(ENV_VAR, fault)
     monkeypatch.setattr("vllm_layerskip.core.faults._calls", Counter())
-    search, engine = ClaspSearch(ClaspOptions(num_skip_layers=2, max_optimizer_share=1.0,
+    search, engine = ClaspDPScheduler(ClaspOptions(num_skip_layers=2, max_optimizer_share=1.0,
                                               layer_optimization_interval=1),
                                  NUM_LAYERS), FakeEngine()
     initial = search.mask

@@ -33,7 +33,7 @@ def evenly_spread_layers(num_layers: int, count: int, protected=frozenset()) -> 
     return tuple(candidates[int(step * k + step / 2)] for k in range(count))
 
 
-class ClaspSearch:
+class ClaspDPScheduler:
     """When the DP runs, on which requests, and what is kept when it fails."""
 
     def __init__(self, options: ClaspOptions, num_layers: int, agreement=None):

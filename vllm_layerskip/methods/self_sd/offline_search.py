@@ -16,7 +16,7 @@ fixed draft length and scores the set:
   weigh an MLP's cost against an attention sub-layer's, so it is for comparing
   sets of one size, not for choosing a size (refused with --free-size).
 
-The Gaussian process and the suggestions are core.set_search.BayesianSetOptimizer.
+The Gaussian process and the suggestions are core.skip_set_optimizer.BayesianSetOptimizer.
 The first candidates are the seed sets (`--init uniform`: the evenly spread set)
 and a few random sets. `--strategy swaps` replaces the random sets and the
 Gaussian process by a local search: each candidate swaps one skipped sub-layer
@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from vllm_layerskip.core.errors import LayerSkipConfigError
-from vllm_layerskip.core.set_search import BayesianSetOptimizer, Coords, SubLayerSpace
+from vllm_layerskip.core.skip_set_optimizer import BayesianSetOptimizer, Coords, SubLayerSpace
 from vllm_layerskip.methods.self_sd.evaluator import Evaluator
 from vllm_layerskip.methods.self_sd.objective import rescore
 from vllm_layerskip.methods.self_sd.profile import SkipProfile, save_profile

@@ -14,8 +14,8 @@ from vllm_layerskip.core.errors import LayerSkipConfigError
 from vllm_layerskip.core.identity import ModelIdentity
 from vllm_layerskip.methods.swift.options import SwiftOptions
 from vllm_layerskip.methods.swift.acceptance import MIN_ACCEPTANCE_TOKENS
-from vllm_layerskip.methods.swift.search import SwiftSearch
-from vllm_layerskip.core.set_search import SubLayerSpace
+from vllm_layerskip.methods.swift.optimizer import SwiftOptimizer
+from vllm_layerskip.core.skip_set_optimizer import SubLayerSpace
 from vllm_layerskip.methods.swift.state_file import load_state
 
 NUM_LAYERS = 8  # 12 candidate sub-layers
@@ -85,7 +85,7 @@ def options(**kw):
 def test_accumulates_context_then_optimizes_and_reaches_target():
     space = SubLayerSpace(NUM_LAYERS)
     harmless = space.random(np.random.default_rng(7), 6)
-    search = SwiftSearch(options(target_matchness=0.8, patience=400), NUM_LAYERS, IDENTITY)
+    search = SwiftOptimizer(options(target_matchness=0.8, patience=400), NUM_LAYERS, IDENTITY)
     engine, runner = FakeEngine(harmless), FakeRunner()
     initial = search.best
     drive(search, engine, runner, 7)  # 7 generated tokens < context window 8
@@ -122,7 +122,7 @@ class LoggingEngine(FakeEngine):
 
 @pytest.mark.parametrize("confirm_duels", [0, 2])
 def test_a_set_that_wins_one_window_by_luck_is_not_kept(confirm_duels):
-    search = SwiftSearch(options(patience=10, confirm_duels=confirm_duels), NUM_LAYERS, IDENTITY)
+    search = SwiftOptimizer(options(patience=10, confirm_duels=confirm_duels), NUM_LAYERS, IDENTITY)
     starting = search.mask
     # The first candidate duels on the window that starts at position 9.
     engine = LoggingEngine(lucky_until=12, starting=starting)
@@ -144,7 +144,7 @@ def test_one_easy_window_does_not_turn_later_candidates_away():
     other set 0.6. Gating candidates by the best set's score on its last window
     would turn all of them away after the first duel; its mean, re-scored at
     least every RESCORE_BEST_EVERY candidates, lets a better set through."""
-    search = SwiftSearch(options(patience=100), NUM_LAYERS, IDENTITY)
+    search = SwiftOptimizer(options(patience=100), NUM_LAYERS, IDENTITY)
     starting = search.mask
 
     class EasyFirstWindow(LoggingEngine):
@@ -161,7 +161,7 @@ def test_one_easy_window_does_not_turn_later_candidates_away():
 def test_a_better_set_is_kept_after_winning_fresh_windows():
     space = SubLayerSpace(NUM_LAYERS)
     harmless = space.random(np.random.default_rng(7), 6)
-    search = SwiftSearch(options(target_matchness=0.8, patience=400), NUM_LAYERS, IDENTITY)
+    search = SwiftOptimizer(options(target_matchness=0.8, patience=400), NUM_LAYERS, IDENTITY)
     engine, runner = LoggingEngine(harmless=harmless), FakeRunner()
     drive(search, engine, runner, 400)
     assert search.phase == "accelerating", search.summary()
@@ -182,19 +182,19 @@ def test_a_better_set_is_kept_after_winning_fresh_windows():
 
 
 def test_patience_and_step_limit_end_optimization():
-    search = SwiftSearch(options(patience=5), NUM_LAYERS, IDENTITY)
+    search = SwiftOptimizer(options(patience=5), NUM_LAYERS, IDENTITY)
     drive(search, FakeEngine(constant=0.5), FakeRunner(), 40)
     assert search.phase == "accelerating" and search.stop_reason == "patience ran out"
     # First candidate "improves" over the unmeasured initial score at most once.
     assert search.total_opt_steps <= 7
 
-    search = SwiftSearch(options(patience=100, max_optimization_steps=12), NUM_LAYERS, IDENTITY)
+    search = SwiftOptimizer(options(patience=100, max_optimization_steps=12), NUM_LAYERS, IDENTITY)
     drive(search, FakeEngine(harmless=range(12)), FakeRunner(), 60)
     assert search.stop_reason in ("step limit reached", "target matchness reached")
 
 
 def test_bayesian_suggestions_every_beta_steps():
-    search = SwiftSearch(options(bo_interval=4, patience=400, max_optimization_steps=20),
+    search = SwiftOptimizer(options(bo_interval=4, patience=400, max_optimization_steps=20),
                          NUM_LAYERS, IDENTITY)
     drive(search, FakeEngine(constant=0.3), FakeRunner(), 40)
     s = search.summary()
@@ -203,7 +203,7 @@ def test_bayesian_suggestions_every_beta_steps():
 
 
 def test_low_acceptance_lowers_the_skip_ratio():
-    search = SwiftSearch(options(patience=5, skip_ratio_step=0.25), NUM_LAYERS, IDENTITY)
+    search = SwiftOptimizer(options(patience=5, skip_ratio_step=0.25), NUM_LAYERS, IDENTITY)
     engine, runner = FakeEngine(constant=0.5), FakeRunner()
     drive(search, engine, runner, 8)
     assert search.phase == "optimizing"
@@ -215,7 +215,7 @@ def test_low_acceptance_lowers_the_skip_ratio():
 
 
 def test_acceptance_drop_resumes_optimization():
-    search = SwiftSearch(options(patience=3), NUM_LAYERS, IDENTITY)
+    search = SwiftOptimizer(options(patience=3), NUM_LAYERS, IDENTITY)
     engine, runner = FakeEngine(constant=0.5), FakeRunner()
     drive(search, engine, runner, 30)
     assert search.phase == "accelerating"
@@ -234,7 +234,7 @@ def test_acceptance_drop_resumes_optimization():
 @pytest.mark.parametrize("point", ["swift.optimizer@3", "swift.score"])
 def test_failures_keep_the_last_good_set(monkeypatch, point):
     monkeypatch.setenv(ENV_VAR, point)
-    search = SwiftSearch(options(patience=400), NUM_LAYERS, IDENTITY)
+    search = SwiftOptimizer(options(patience=400), NUM_LAYERS, IDENTITY)
     engine, runner = FakeEngine(constant=0.5), FakeRunner()
     drive(search, engine, runner, 60)
     assert search.phase == "stopped", search.summary()
@@ -246,7 +246,7 @@ def test_failures_keep_the_last_good_set(monkeypatch, point):
 
 def test_state_file_round_trip_and_refusals(tmp_path):
     path = tmp_path / "swift.json"
-    search = SwiftSearch(options(patience=5, state_file=str(path)), NUM_LAYERS, IDENTITY)
+    search = SwiftOptimizer(options(patience=5, state_file=str(path)), NUM_LAYERS, IDENTITY)
     drive(search, FakeEngine(constant=0.5), FakeRunner(), 30)
     assert search.phase == "accelerating"
     deadline = time.monotonic() + 10
@@ -256,7 +256,7 @@ def test_state_file_round_trip_and_refusals(tmp_path):
     state = load_state(path, IDENTITY)
     assert state.optimization_finished and len(state.history) >= 5
 
-    warm = SwiftSearch(options(state_file=str(path)), NUM_LAYERS, IDENTITY)
+    warm = SwiftOptimizer(options(state_file=str(path)), NUM_LAYERS, IDENTITY)
     assert warm.phase == "accelerating" and warm.best == search.best
     assert warm.stop_reason == "loaded from state_file"
 
@@ -288,7 +288,7 @@ def test_learn_swift_set_resumes_a_finished_state_by_optimizing_again(tmp_path):
     from vllm_layerskip.methods.swift.learn_offline import copy_state_to_resume
 
     path = tmp_path / "finished.json"
-    search = SwiftSearch(options(patience=5, state_file=str(path)), NUM_LAYERS, IDENTITY)
+    search = SwiftOptimizer(options(patience=5, state_file=str(path)), NUM_LAYERS, IDENTITY)
     drive(search, FakeEngine(constant=0.5), FakeRunner(), 30)
     deadline = time.monotonic() + 10
     while not (path.exists() and load_state(path, IDENTITY).optimization_finished):
@@ -303,7 +303,7 @@ def test_learn_swift_set_resumes_a_finished_state_by_optimizing_again(tmp_path):
     assert not state.optimization_finished
     assert len(state.history) == len(load_state(path, IDENTITY).history)
 
-    warm = SwiftSearch(options(patience=5, state_file=str(resumed)), NUM_LAYERS, IDENTITY)
+    warm = SwiftOptimizer(options(patience=5, state_file=str(resumed)), NUM_LAYERS, IDENTITY)
     assert warm.phase == "accumulating" and warm.best == search.best
     engine = FakeEngine(constant=0.5)
     drive(warm, engine, FakeRunner(), 12)
@@ -323,11 +323,11 @@ STEP_S = SCORE_S = 0.1  # fake engine step and scoring pass times
 
 
 class _FakeClockRun:
-    """A SwiftSearch whose engine steps and scoring passes take STEP_S and
+    """A SwiftOptimizer whose engine steps and scoring passes take STEP_S and
     SCORE_S on a fake clock, with max_optimizer_share SHARE."""
 
     def __init__(self, monkeypatch):
-        from vllm_layerskip.methods.swift import search as swift_module
+        from vllm_layerskip.methods.swift import optimizer as swift_module
 
         self.clock = 0.0
         monkeypatch.setattr(swift_module.time, "perf_counter", lambda: self.clock)
@@ -338,7 +338,7 @@ class _FakeClockRun:
                 run.clock += SCORE_S
                 return super().score(runner, windows, mask)
 
-        self.search = SwiftSearch(options(context_window=128, max_score_tokens=128,
+        self.search = SwiftOptimizer(options(context_window=128, max_score_tokens=128,
                                           patience=1000, max_optimizer_share=SHARE),
                                   NUM_LAYERS, IDENTITY)
         self.engine, self.runner = SlowEngine(constant=0.5), FakeRunner()
@@ -371,7 +371,7 @@ def test_optimizer_thread_cpu_time_counts_against_the_share(monkeypatch):
     scoring pass is, so a candidate now costs ~0.2 s of the budget instead of
     0.1 s: fewer scoring passes fit (measured: 7, against 10 without the charge)."""
     from vllm_layerskip.core.optimizer_budget import CREDIT_WINDOW_S
-    from vllm_layerskip.methods.swift import search as swift_module
+    from vllm_layerskip.methods.swift import optimizer as swift_module
 
     thread_clock = [0.0]
 
@@ -395,7 +395,7 @@ def test_a_set_scored_again_is_registered_without_printing(capsys):
     """SWIFT re-scores its best set every few candidates: each repeat must reach
     the Gaussian process (its scores averaged there) without the package's red
     line on stdout for every exact repeat, which flooded the server log."""
-    from vllm_layerskip.core.set_search import BayesianSetOptimizer
+    from vllm_layerskip.core.skip_set_optimizer import BayesianSetOptimizer
 
     space = SubLayerSpace(NUM_LAYERS)
     bo = BayesianSetOptimizer(space, seed=0)
@@ -428,7 +428,7 @@ def test_the_shipped_state_warm_starts_its_model_and_is_never_written():
     options(skip_ratio=0.45, state_file="shipped").validate_for_model(served_elsewhere)
 
     before = path.read_bytes()
-    search = SwiftSearch(options(skip_ratio=0.45, state_file="shipped"), qwen.num_layers,
+    search = SwiftOptimizer(options(skip_ratio=0.45, state_file="shipped"), qwen.num_layers,
                          served_elsewhere)
     assert search.phase == "accelerating" and search.stop_reason == "loaded from state_file"
     assert search.space.layer_sets(search.best) == {"skip_attn": state.best_attn,

@@ -19,7 +19,7 @@ import numpy as np
 from vllm_layerskip.core.draft_batch import DraftRequests
 from vllm_layerskip.core.optimizer_budget import OptimizerBudget
 from vllm_layerskip.core.rank_agreement import SingleRank
-from vllm_layerskip.core.set_search import SubLayerSpace
+from vllm_layerskip.core.skip_set_optimizer import SubLayerSpace
 from vllm_layerskip.methods.swift.acceptance import PhaseAcceptance
 from vllm_layerskip.methods.swift.best_set import BestSet
 from vllm_layerskip.methods.swift.candidate_scoring import CandidateScoring
@@ -35,7 +35,7 @@ logger = logging.getLogger("vllm.layerskip")
 MAX_SCORE_FAILURES = 3
 
 
-class SwiftSearch:
+class SwiftOptimizer:
     """The engine-wide skip-set optimizer (phases in the module docstring)."""
 
     def __init__(self, options: SwiftOptions, num_layers: int, identity, agreement=None):
@@ -89,7 +89,7 @@ class SwiftSearch:
     best = property(lambda self: self.best_set.coords)
     mask = property(lambda self: self.best_set.mask)  # read once per step by the draft loop
     best_matchness = property(lambda self: self.best_set.matchness)
-    # (decode step, set) of each switch, like ClaspSearch's
+    # (decode step, set) of each switch, like ClaspDPScheduler's
     mask_log = property(lambda self: self.best_set.switches)
 
     # ---- each decoding step ---------------------------------------------------
