@@ -2,10 +2,7 @@
 random layers, the search's scheduling, time budget and failure handling on a
 fake engine; that an optimizer's background thread lets go of its owner."""
 
-import gc
 import itertools
-import time
-import weakref
 from collections import Counter
 
 import numpy as np
@@ -13,7 +10,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vllm_layerskip.core.background_worker import BackgroundWorker
 from vllm_layerskip.core.draft_batch import DraftRequests
 from vllm_layerskip.core.faults import ENV_VAR
 from vllm_layerskip.methods.clasp.layer_dp import clasp_dp
@@ -159,31 +155,6 @@ def test_search_schedule_batch_objective_and_turns():
     x0 = engine.stack.embed(torch.from_numpy(FakeRunner().input_batch.token_ids_cpu[rows, pos]))
     targets = full_states(layer, x0, NUM_LAYERS)
     assert result.score == pytest.approx(set_score(layer, targets, result.skipped), abs=1e-5)
-
-
-def test_background_thread_does_not_keep_the_search_alive():
-    """An optimizer's thread (SWIFT's, core/background_worker.py) outlives its
-    engine (it waits for jobs forever): it must not hold the search, which holds
-    the model, once the engine lets go of it."""
-
-    class Search:
-        def run(self, job):
-            return job * 2
-
-    search = Search()
-    worker = BackgroundWorker(search.run, "test-optimizer", stop_on_error=True)
-    worker.submit(21)
-    deadline = time.monotonic() + 10
-    while (done := worker.take()) is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert done is not None and done.value == 42
-    alive = weakref.ref(search)
-    del search
-    gc.collect()
-    assert alive() is None
-    worker.submit(1)  # the thread sees the search is gone and ends
-    worker.thread.join(timeout=10)
-    assert not worker.thread.is_alive()
 
 
 def test_dp_waits_while_drafting_is_off():

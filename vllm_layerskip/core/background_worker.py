@@ -16,11 +16,15 @@ step boundary (`take`). Decoding never waits for it.
 - Its wall and CPU seconds are counted, for the optimizer's time budget
   (core/optimizer_budget.py): on cores the engine keeps busy, every second it
   computes is taken from decoding.
+- SYNC_ENV=1 (tests, reproducing a run): no thread; each job runs in the
+  engine thread when it is submitted, so what the optimizer learns no longer
+  depends on when the thread got the cores. Its seconds are counted alike.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -29,6 +33,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 logger = logging.getLogger("vllm.layerskip")
+
+SYNC_ENV = "VLLM_LAYERSKIP_SYNC_OPTIMIZER"
 
 
 @dataclass
@@ -52,12 +58,17 @@ class BackgroundWorker:
         self.error: str | None = None  # the failure that stopped it (stop_on_error)
         self.busy_seconds = 0.0
         self.cpu_seconds = 0.0  # this thread's CPU time (time.thread_time)
+        self.synchronous = os.environ.get(SYNC_ENV, "0") == "1"
         self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        if enabled:
+        if enabled and not self.synchronous:
             self.thread.start()
 
     def submit(self, job: Any) -> None:
-        if self.enabled:
+        if not self.enabled or self.error is not None:
+            return
+        if self.synchronous:
+            self._run_job(job)
+        else:
             self._jobs.put(job)
 
     def take(self) -> Outcome | None:
@@ -74,23 +85,29 @@ class BackgroundWorker:
     def _loop(self) -> None:
         while True:
             job = self._jobs.get()
-            run = self._run()
-            if run is None:  # the owner is gone with its engine
+            if not self._run_job(job):
                 return
-            start, cpu_start = time.perf_counter(), time.thread_time()
-            try:
-                value = run(job)
-            except Exception as e:  # noqa: BLE001 - reported to the engine thread
-                if self.stop_on_error:
-                    logger.exception("vllm-layerskip: background thread %s failed", self.name)
-                    self.error = repr(e)
-                    return
-                value = e
-            finally:
-                self.busy_seconds += time.perf_counter() - start
-                self.cpu_seconds += time.thread_time() - cpu_start
-            # Drop the job (a KV snapshot can be large) and the owner before waiting.
-            del job, run
-            if value is not None:  # published after its cost is counted
-                with self._lock:
-                    self._published = Outcome(value, time.perf_counter() - start)
+            del job  # a job can be large: dropped before waiting
+
+    def _run_job(self, job: Any) -> bool:
+        """Runs one job and publishes its result; False once the worker is done
+        (its owner is gone, or it stopped at an error)."""
+        run = self._run()
+        if run is None:  # the owner is gone with its engine
+            return False
+        start, cpu_start = time.perf_counter(), time.thread_time()
+        try:
+            value = run(job)
+        except Exception as e:  # noqa: BLE001 - reported to the engine thread
+            if self.stop_on_error:
+                logger.exception("vllm-layerskip: background thread %s failed", self.name)
+                self.error = repr(e)
+                return False
+            value = e
+        finally:
+            self.busy_seconds += time.perf_counter() - start
+            self.cpu_seconds += time.thread_time() - cpu_start
+        if value is not None:  # published after its cost is counted
+            with self._lock:
+                self._published = Outcome(value, time.perf_counter() - start)
+        return True
