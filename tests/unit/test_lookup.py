@@ -1,6 +1,7 @@
 """Prompt lookup (core/lookup.py): which continuation a request's context offers."""
 
 import numpy as np
+import pytest
 
 from vllm_layerskip.core.lookup import find_continuation, lookup_drafts
 
@@ -26,6 +27,39 @@ def test_no_match_short_context_and_the_continuation_running_out():
     assert find_continuation(t(4, 6, 4), max_n=2, min_n=1, k=4).tolist() == [6, 4]
     # A periodic pattern continues through itself.
     assert find_continuation(t(1, 2, 1, 2, 1, 2), max_n=2, min_n=2, k=5).tolist() == [1, 2]
+
+
+def reference_continuation(tokens, max_n, min_n, k):
+    """The definition, by brute force: for n from the longest, the most recent
+    earlier end e (e <= L - 2) whose n tokens equal the last n."""
+    tokens = list(tokens)
+    length = len(tokens)
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        for e in range(length - 2, n - 2, -1):
+            if tokens[e - n + 1: e + 1] == tokens[length - n:]:
+                return tokens[e + 1: e + 1 + k]
+    return []
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_matches_the_definition_on_random_contexts(dtype):
+    # A small alphabet makes matches, and byte patterns across token borders
+    # (the search runs over the tokens' bytes), common.
+    rng = np.random.default_rng(0)
+    for _ in range(3000):
+        size = int(rng.integers(1, 40))
+        if rng.random() < 0.5:
+            tokens = rng.integers(0, int(rng.choice([2, 3, 5, 300])), size=size)
+        else:  # one byte set, at different places: matches across token borders
+            tokens = rng.choice([0, 1, 1 << 8, 1 << 16, 1 << 24], size=size)
+        tokens = tokens.astype(dtype)
+        max_n = int(rng.integers(1, 5))
+        min_n = int(rng.integers(1, max_n + 1))
+        k = int(rng.integers(1, 6))
+        got = find_continuation(tokens, max_n, min_n, k)
+        assert got.tolist() == reference_continuation(tokens.tolist(), max_n, min_n, k), (
+            tokens.tolist(), max_n, min_n, k)
+        assert got.dtype == tokens.dtype
 
 
 def test_per_request_rows_lengths_and_budgets():

@@ -35,21 +35,19 @@ def find_continuation(tokens: np.ndarray, max_n: int, min_n: int, k: int) -> np.
     top = min(max_n, length - 1)
     if top < min_n:
         return tokens[:0]
-    # By the end e of an earlier occurrence (e <= L - 2: a continuation exists):
-    # matched[n - 1][e] says the n tokens ending at e are the last n. One
-    # comparison over the context per n, where a loop over the first token's
-    # occurrences cost ~0.1 ms a request a step at batch 1 (a common token
-    # occurs hundreds of times).
-    matched = [tokens[: length - 1] == tokens[length - 1]]
-    for u in range(1, top):
-        m = matched[-1].copy()
-        m[:u] = False
-        m[u:] &= tokens[: length - 1 - u] == tokens[length - 1 - u]
-        matched.append(m)
+    # An earlier occurrence lies wholly in tokens[:L-1] (a continuation exists);
+    # bytes.rfind finds the most recent one in C. Several numpy comparisons over
+    # the context per n cost 64 us a step here at batch 1 (SmolLM2, 2 cores),
+    # ~4x this search; a match at an offset that is not a whole token is skipped.
+    size = tokens.itemsize
+    context = tokens[: length - 1].tobytes()
     for n in range(top, min_n - 1, -1):
-        ends = np.flatnonzero(matched[n - 1])
-        if len(ends):
-            e = int(ends[-1])  # the most recent
+        needle = tokens[length - n:].tobytes()
+        end = len(context)
+        while (at := context.rfind(needle, 0, end)) >= 0 and at % size:
+            end = at + len(needle) - 1
+        if at >= 0:
+            e = at // size + n - 1  # the occurrence's last token
             return tokens[e + 1: e + 1 + k]
     return tokens[:0]
 

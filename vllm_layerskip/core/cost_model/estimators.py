@@ -179,7 +179,9 @@ def argmax_length(rates, seconds: Callable[[int], float], base_tokens: float,
     seconds(k). k = 0 wins ties by `margin` (no dithering on noise). Every
     choice of the cost model (self-draft, copy, continuation) is this one
     routine with its own tokens and seconds."""
-    rates = list(rates)[: max_length if max_length is not None else None]
+    # Python floats: numpy scalars make this loop several times slower, and it
+    # runs a few times every engine step.
+    rates = (rates.tolist() if hasattr(rates, "tolist") else list(rates))[:max_length]
     best_k, best = 0, base_tokens / seconds(0) * (1 + margin)
     gain, chain = 0.0, 1.0
     for k, rate in enumerate(rates, start=1):

@@ -148,7 +148,7 @@ class VerifyCost:
             s[2] += sign * y
 
     def __len__(self) -> int:
-        return len(self.tokens_only)
+        return len(self.tokens_only.samples)
 
     @property
     def single_size(self) -> float | None:
@@ -192,9 +192,10 @@ class VerifyCost:
         return v0, v1, s
 
     def predict(self, size: float, drafting: bool = False) -> float | None:
-        if not len(self):
+        # Read ~14 times a step by the policy: no call beyond the cached fit.
+        if not self.tokens_only.samples:
             return None
-        v0, v1, s = self._line()
+        v0, v1, s = self._fit or self._line()
         return max(v0 + v1 * size + (s if drafting else 0.0), 1e-6)
 
 
