@@ -73,3 +73,4 @@ def test_synchronous_mode_without_stop_on_error_publishes_the_exception(monkeypa
     outcome = worker.take()
     assert isinstance(outcome.value, RuntimeError) and str(outcome.value) == "one run lost"
     assert worker.error is None
+

@@ -119,6 +119,12 @@ class SelfDraftProposer:
         self.drafting_paused = bool(paused)
         self._last_drafted = {}
         self._last_end = None  # no step time across the pause
+        self.on_drafting_paused()
+
+    def on_drafting_paused(self) -> None:
+        """Hook for subclasses: drafting was paused or resumed
+        (set_drafting_paused); a method's clock-based state must not count
+        the paused steps as its own."""
 
     def set_prompt_lookup_paused(self, paused: bool) -> bool:
         """Pause (True) or resume prompt lookup: paused, the method drafts as it

@@ -84,5 +84,8 @@ class ClaspProposer(SelfDraftProposer):
             runner, requests, self.dp.mask, self.options.draft_confidence_threshold
         )
 
+    def on_drafting_paused(self) -> None:
+        self.dp.budget.pause()
+
     def status(self) -> dict:
         return {**super().status(), "clasp": self.dp.summary()}

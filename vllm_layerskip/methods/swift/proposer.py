@@ -74,6 +74,9 @@ class SwiftProposer(SelfDraftProposer):
             runner, requests, self.optimizer.mask, self.options.draft_confidence_threshold
         )
 
+    def on_drafting_paused(self) -> None:
+        self.optimizer.budget.pause()
+
     def on_verified(self, num_drafted: int, num_accepted: int) -> None:
         self.optimizer.observe_acceptance(num_drafted, num_accepted)
 
