@@ -39,6 +39,7 @@ METHODS = {
     "clasp": {"method": "clasp", "num_speculative_tokens": 4, "max_optimizer_share": 1.0, **FIXED},
     "self_sd": {"method": "self_sd", "num_speculative_tokens": 4, "profile": "shipped", **FIXED},
     "adadecode": {"method": "adadecode", "num_speculative_tokens": 4, "heads": "shipped", **FIXED},
+    "quantized": {"method": "quantized", "num_speculative_tokens": 4, **FIXED},
 }
 # Drafting that depends on time (thread, cost model): only tokens are compared.
 TIMING_DEPENDENT = {"swift", "layer_skip_adaptive"}

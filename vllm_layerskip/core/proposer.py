@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import time
 
 import numpy as np
@@ -14,7 +13,7 @@ import numpy as np
 from vllm_layerskip.core.cost_model import DraftLengthPolicy
 from vllm_layerskip.core.draft_batch import DraftRequests, DraftResult, empty_probs, write_one_hot
 from vllm_layerskip.core.draft_engine import DraftEngine
-from vllm_layerskip.core.faults import maybe_fail
+from vllm_layerskip.core.failure_boundary import draft_or_nothing
 from vllm_layerskip.core.identity import model_identity
 from vllm_layerskip.core.load_checks import (
     check_draft_weights,
@@ -177,7 +176,8 @@ class SelfDraftProposer:
         plan = plan_step(copied, room, *decision)
         requests = dataclasses.replace(requests, budget=plan.self_budget, prefix=plan.prefix)
         draft_start = time.perf_counter()
-        result = self._draft_or_nothing(runner, requests)
+        result = draft_or_nothing(self.draft, runner, requests, self.stats, self.method,
+                                  self.num_speculative_tokens)
         draft_seconds = time.perf_counter() - draft_start
         if self.policy is not None and result.num_forward_steps:
             rows_per_step = result.num_rows_run / result.num_forward_steps
@@ -272,40 +272,6 @@ class SelfDraftProposer:
                     result.probs = empty_probs(runner, self.num_speculative_tokens)
                 write_one_hot(result.probs, row, tokens)
         return rows
-
-    def _draft_or_nothing(self, runner, requests: DraftRequests) -> DraftResult:
-        """A draft pass that raises, or hands back non-finite draft probabilities,
-        costs this step its drafts, not the engine: the step decodes as plain
-        decoding does, and the next step drafts again. Safe because verification
-        decides every output token: K/V a failed pass wrote sits past each
-        request's verified length, where nothing reads it before the target
-        overwrites it. Under tensor parallelism this holds only for failures on
-        every rank (docs/tensor-parallelism.md)."""
-        num_rows = len(runner.input_batch.req_ids)
-        if not requests.budget.any():
-            # The cost model chose plain decoding for this step (or no request has
-            # room left): no draft pass, and none of its per-step set-up.
-            return DraftResult.none(num_rows)
-        try:
-            maybe_fail("draft")
-            result = self.draft(runner, requests)
-            # A NaN or inf anywhere in a draft's logits reaches its token's top-1
-            # probability (already on the CPU: no full-vocabulary scan here).
-            if not all(math.isfinite(p) for row in result.top1_probs for p in row):
-                raise FloatingPointError("draft probabilities are not finite (NaN or inf)")
-            return result
-        except Exception as e:  # noqa: BLE001 - contained: the step runs without drafts
-            self.stats.draft_failures += 1
-            self.stats.last_draft_error = f"{type(e).__name__}: {e}"
-            if self.stats.draft_failures == 1:
-                logger.exception(
-                    "vllm-layerskip %s: the draft pass failed (step %d, %d requests, K=%d); "
-                    "this step decodes without drafts and the next one drafts again. "
-                    "Further failures are counted in status()['draft_failures'], not logged.",
-                    self.method, self.stats.num_proposals, len(requests.rows),
-                    self.num_speculative_tokens,
-                )
-            return DraftResult.none(num_rows)
 
     def _ran_prompt_chunks(self, scheduler_output) -> bool:
         """Whether the step just run also processed prompt chunks (more tokens for
