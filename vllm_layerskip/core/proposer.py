@@ -24,7 +24,7 @@ from vllm_layerskip.core.lookup import lookup_drafts
 from vllm_layerskip.core.rank_agreement import rank_agreement
 from vllm_layerskip.core.selection import get_selection
 from vllm_layerskip.core.proposer_stats import ProposerStats, RequestBookkeeping, StatusReports
-from vllm_layerskip.core.step_plan import StepPlan, copy_plan, plan_step, probe_rows
+from vllm_layerskip.core.step_plan import StepPlan, copy_plan, has_copy, plan_step, probe_rows
 
 logger = logging.getLogger("vllm.layerskip")
 
@@ -215,8 +215,7 @@ class SelfDraftProposer:
         if decision.length and decision.rows < num_self:
             # A probe drafts for a few of the requests; which ones rotates.
             # (The offset counts shared plans only, so it agrees across ranks.)
-            has_copy = np.array([len(c) > 0 for c in copied], dtype=bool)
-            self_rows = ~has_copy if lookup_length else np.ones(len(copied), dtype=bool)
+            self_rows = ~has_copy(copied) if lookup_length else np.ones(len(copied), dtype=bool)
             chosen, self._probe_offset = probe_rows(self._probe_offset, self_rows, decision.rows)
         return lookup_length, decision.length, chosen, continue_length
 
@@ -228,12 +227,12 @@ class SelfDraftProposer:
             len(requests.rows), self._ran_prompt_chunks(scheduler_output), num_copies)
         if not lookup_length or not self.continues_copies:
             return lookup_length, plan, 0
-        has_copy = np.array([len(c) > 0 for c in copied], dtype=bool)
+        found = has_copy(copied)
         copy_budget, runs_out = copy_plan(copied, room, lookup_length)
         lengths = np.array([len(c[:b]) for c, b in zip(copied, copy_budget)], dtype=np.int64)
-        num_self = min(plan.rows, int((~has_copy).sum())) if plan.length else 0
+        num_self = min(plan.rows, int((~found).sum())) if plan.length else 0
         return lookup_length, plan, self.policy.continuation_length(
-            len(requests.rows), (plan.length, num_self), lengths[has_copy & ~runs_out],
+            len(requests.rows), (plan.length, num_self), lengths[found & ~runs_out],
             lengths[runs_out])
 
     @property

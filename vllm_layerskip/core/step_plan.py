@@ -24,6 +24,11 @@ class StepPlan:
     prefix: list[np.ndarray] | None
 
 
+def has_copy(copied: list[np.ndarray]) -> np.ndarray:
+    """[num_drafting] whether each request's lookup found a copy."""
+    return np.array([len(c) > 0 for c in copied], dtype=bool)
+
+
 def copy_plan(copied: list[np.ndarray], room: np.ndarray,
               lookup_length: int) -> tuple[np.ndarray, np.ndarray]:
     """Per drafting request at this copy length: the most copied tokens it
@@ -58,8 +63,8 @@ def plan_step(copied: list[np.ndarray], room: np.ndarray, lookup_length: int,
     `self_length`: tokens a self-draft drafts; `self_rows`: which requests
     self-draft (None: all without a copy taken); `continue_length`: self-draft
     tokens after a copy that runs out (0: none)."""
-    has_copy = np.array([len(c) > 0 for c in copied], dtype=bool)
-    copying = has_copy if lookup_length else np.zeros_like(has_copy)
+    found = has_copy(copied)
+    copying = found if lookup_length else np.zeros_like(found)
     self_budget = np.minimum(room, self_length)
     if self_rows is not None:
         self_budget = np.where(self_rows, self_budget, 0)
