@@ -61,7 +61,7 @@ RESULTS = REPO / "benchmarks" / "results"
 
 # Every method as the README shows it; K = 4 throughout.
 SPECS = {
-    "layer_skip": {"method": "layer_skip", "skip_ratio": 0.3},
+    "layer_skip": {"method": "layer_skip", "sublayer_skip_ratio": 0.3},
     "quantized": {"method": "quantized"},
     "swift": {"method": "swift"},
     "clasp": {"method": "clasp"},

@@ -33,8 +33,8 @@ PROMPTS = [
 ]
 FIXED = {"adaptive_draft_length": False}
 METHODS = {
-    "layer_skip": {"method": "layer_skip", "num_speculative_tokens": 4, "skip_ratio": 0.2, **FIXED},
-    "layer_skip_adaptive": {"method": "layer_skip", "num_speculative_tokens": 4, "skip_ratio": 0.2},
+    "layer_skip": {"method": "layer_skip", "num_speculative_tokens": 4, "sublayer_skip_ratio": 0.2, **FIXED},
+    "layer_skip_adaptive": {"method": "layer_skip", "num_speculative_tokens": 4, "sublayer_skip_ratio": 0.2},
     "swift": {"method": "swift", "num_speculative_tokens": 4, **FIXED},
     "clasp": {"method": "clasp", "num_speculative_tokens": 4, "max_optimizer_share": 1.0, **FIXED},
     "self_sd": {"method": "self_sd", "num_speculative_tokens": 4, "profile": "shipped", **FIXED},

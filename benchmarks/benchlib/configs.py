@@ -125,7 +125,7 @@ def build_configs(args, model_path: str) -> list[Config]:
             elif method == "layer_skip":
                 for r in args.ratios:
                     label = f"layer_skip r={r:g}" + (" (no skip)" if r == 0 else "")
-                    spec = spec_for(method, {**base, "skip_ratio": r} if r else base)
+                    spec = spec_for(method, {**base, "sublayer_skip_ratio": r} if r else base)
                     configs.append(Config(label + suffix, method, spec, reason,
                                           extra={"skip_sets": uniform_sets(num_layers, r)}))
             elif method == "swift_initial":
@@ -351,7 +351,7 @@ def model_config(model_path: str) -> dict:
 
 
 def uniform_sets(num_layers: int, ratio: float) -> dict:
-    """The sub-layers layer_skip's skip_ratio skips (core.skip_mask.uniform_skip_sets)."""
+    """The sub-layers layer_skip's sublayer_skip_ratio skips (core.skip_mask.uniform_skip_sets)."""
     from vllm_layerskip.core.skip_mask import uniform_skip_sets
 
     attn, mlp = uniform_skip_sets(num_layers, ratio) if ratio else (set(), set())
@@ -382,7 +382,7 @@ def clasp_uniform_sets(num_layers: int, ratio: float | None, clasp_options: dict
 
     keys = {k: v for k, v in clasp_options.items()
             if k in ("num_skip_layers", "layer_skip_ratio", "skip_ratio")}
-    if ratio and not keys.keys() & {"num_skip_layers", "skip_ratio"}:
+    if ratio and not keys.keys() & {"num_skip_layers", "layer_skip_ratio", "skip_ratio"}:
         keys["layer_skip_ratio"] = ratio
     layers = sorted(evenly_spread_layers(num_layers, ClaspOptions(**keys).num_skipped(num_layers)))
     return {"skip_attn": layers, "skip_mlp": layers}

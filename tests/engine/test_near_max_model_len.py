@@ -40,7 +40,7 @@ def test_batch_keeps_drafting_next_to_a_request_at_max_model_len(tiny_model_dir)
     path = tiny_model_dir("llama", num_layers=4, out_proj_std=0.025)
     # Lookup off: a copied draft can be rejected, and this test counts on every
     # real draft being accepted.
-    config = {"method": "layer_skip", "num_speculative_tokens": K, "skip_ratio": 0,
+    config = {"method": "layer_skip", "num_speculative_tokens": K, "sublayer_skip_ratio": 0,
               "adaptive_draft_length": False, "prompt_lookup_max": 0}
     llm = make_llm(path, in_process=True, speculative_config=config, max_model_len=MAX_MODEL_LEN)
     try:

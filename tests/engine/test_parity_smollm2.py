@@ -143,18 +143,18 @@ CASES = {
         checks=(one_token_drafts,), paused_run=True),
     "K4-sublayers": Case({"num_speculative_tokens": 4, "skip_attn": [5, 9, 13, 17, 21],
                      "skip_mlp": [7, 11, 15, 19, 23], **FIXED}),
-    "K8-ratio-confidence": Case({"num_speculative_tokens": 8, "skip_ratio": 0.3,
+    "K8-ratio-confidence": Case({"num_speculative_tokens": 8, "sublayer_skip_ratio": 0.3,
                             "draft_confidence_threshold": 0.5, **FIXED},
         checks=(drafts_stop_early,)),
     # The full LM head too (no pruned draft vocabulary): the draft is the target.
     "K4-nothing-skipped": Case({"num_speculative_tokens": 4, "draft_vocab_size": 0, **FIXED},
         checks=(every_draft_accepted,)),
-    "K4-adaptive": Case({"num_speculative_tokens": 4, "skip_ratio": 0.2},
+    "K4-adaptive": Case({"num_speculative_tokens": 4, "sublayer_skip_ratio": 0.2},
                         min_drafts=1),
     # Drafts through int4 copies of the linear weights (core/draft_weights.py):
     # the batch of 8 drafts through the model's own weights (passes of more
     # than 4 tokens), the batch's tail and the single prompt through the copies.
-    "K4-int4-draft-weights": Case({"num_speculative_tokens": 4, "skip_ratio": 0.1,
+    "K4-int4-draft-weights": Case({"num_speculative_tokens": 4, "sublayer_skip_ratio": 0.1,
                               "draft_weights": "int4", **FIXED},
         checks=(mostly_accepted,), draft_weights="int4"),
     # Method quantized: every layer, through int8 weights and per-token int8
@@ -181,7 +181,7 @@ CASES = {
         checks=(threshold_adapted,)),
     # A pruned draft vocabulary (the one shipped for SmolLM2, 4096 of 49152 ids)
     # and drafts copied from the context, with three methods.
-    "K4-draft-vocab-lookup": Case({"num_speculative_tokens": 4, "skip_ratio": 0.2, "draft_vocab_size": 4096,
+    "K4-draft-vocab-lookup": Case({"num_speculative_tokens": 4, "sublayer_skip_ratio": 0.2, "draft_vocab_size": 4096,
                               **FIXED, "prompt_lookup_max": 3, "prompt_lookup_min": 1},
         checks=(draft_vocab_pruned, copies_accepted)),
     "adadecode-K4-draft-vocab": Case({"method": "adadecode", "heads": "shipped",

@@ -26,7 +26,7 @@ def test_parity_under_preemption(smollm2_path):
     plain = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
     shutdown(llm)
 
-    config = {"method": "layer_skip", "num_speculative_tokens": 4, "skip_ratio": 0.2,
+    config = {"method": "layer_skip", "num_speculative_tokens": 4, "sublayer_skip_ratio": 0.2,
               "adaptive_draft_length": False}
     llm = make_llm(smollm2_path, in_process=True, speculative_config=config, max_model_len=1024,
                    num_gpu_blocks_override=NUM_BLOCKS)

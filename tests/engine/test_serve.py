@@ -16,7 +16,7 @@ import urllib.request
 import pytest
 
 VLLM = os.path.join(os.path.dirname(sys.executable), "vllm")
-SPEC = {"method": "layer_skip", "num_speculative_tokens": 4, "skip_ratio": 0.2}
+SPEC = {"method": "layer_skip", "num_speculative_tokens": 4, "sublayer_skip_ratio": 0.2}
 
 
 def free_port() -> int:

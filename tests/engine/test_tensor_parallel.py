@@ -230,7 +230,7 @@ TIMEOUT_S = 240  # one engine's start-up and generation; a hang fails instead of
 METHODS = {
     # The cost model stays on here: its draft length comes from rank-local
     # timings, so this also checks that rank 0's length holds on both ranks.
-    "layer_skip": {"skip_ratio": 0.25},
+    "layer_skip": {"sublayer_skip_ratio": 0.25},
     # A set that wins one duel switches at once (confirm_duels 0): with the
     # default's two confirming duels on fresh positions, a CI run of these 3 x 40
     # tokens made no switch (2026-11-26). Every confirming decision follows from

@@ -62,12 +62,12 @@ def test_explicit_sets_combine_whole_layers_and_sublayers():
 @pytest.mark.parametrize(
     "raw,message",
     [
-        ({"skip_ratio": 1.5}, "'skip_ratio' must be in [0, 1), got 1.5"),
-        ({"skip_ratio": -0.1}, "'skip_ratio' must be in [0, 1)"),
-        ({"skip_ratio": "half"}, "'skip_ratio' must be a number"),
+        ({"sublayer_skip_ratio": 1.5}, "'sublayer_skip_ratio' must be in [0, 1), got 1.5"),
+        ({"sublayer_skip_ratio": -0.1}, "'sublayer_skip_ratio' must be in [0, 1)"),
+        ({"sublayer_skip_ratio": "half"}, "'sublayer_skip_ratio' must be a number"),
         ({"skip_layers": "3,4"}, "'skip_layers' must be a list of layer indices"),
         ({"skip_attn": [1.5]}, "'skip_attn' must be a list of layer indices"),
-        ({"skip_ratio": 0.3, "skip_layers": [2]}, "cannot be combined"),
+        ({"sublayer_skip_ratio": 0.3, "skip_layers": [2]}, "cannot be combined"),
         ({"draft_confidence_threshold": 2}, "'draft_confidence_threshold' must be in [0, 1], got 2"),
         ({"skip_layer": [2]}, "'skip_layer' (did you mean 'skip_layers'?)"),
         ({"model": "some/draft"}, "drafts with the target model itself; remove 'model'"),
@@ -152,18 +152,48 @@ def test_removed_background_dp_is_accepted_with_one_warning(plugin_warnings, val
     assert dataclasses.replace(options, background_dp=None) == ClaspOptions(num_skip_layers=8)
 
 
-def test_clasp_old_skip_ratio_key_reads_as_layer_skip_ratio_with_a_warning(plugin_warnings):
-    _, options, _ = split_speculative_config({"method": "clasp", "skip_ratio": 0.4}, VLLM_KEYS)
-    assert options == ClaspOptions(layer_skip_ratio=0.4)
-    assert options.num_skipped(30) == 12
+# The old key, its new name, what the new name's value is a share of, and the
+# number of sub-layers (layer_skip) or layers (clasp) of 30 skipped at ratio 0.3.
+RENAMED = [
+    ("clasp", ClaspOptions, "layer_skip_ratio", "a share of whole decoder layers",
+     lambda options: options.num_skipped(30), 9),
+    ("layer_skip", LayerSkipOptions, "sublayer_skip_ratio",
+     "a share of all 2L attention and MLP sub-layers",
+     lambda options: build_mask(options, 30).num_skipped, 18),
+]
+
+
+@pytest.mark.parametrize("method,cls,new,unit,skipped,expected", RENAMED)
+def test_old_skip_ratio_key_reads_as_its_new_name_with_a_warning(
+        plugin_warnings, method, cls, new, unit, skipped, expected):
+    _, options, _ = split_speculative_config(
+        {"method": method, "num_speculative_tokens": 4, "skip_ratio": 0.3}, VLLM_KEYS)
+    assert options == cls(**{new: 0.3})
+    assert skipped(options) == expected  # the same set as before the rename
     assert plugin_warnings == [
-        "vllm-layerskip clasp: 'skip_ratio' is now 'layer_skip_ratio' (a share of whole "
-        "decoder layers; the other methods' 'skip_ratio' is a share of sub-layers). Rename "
-        "it in the speculative config; the next release refuses 'skip_ratio'."]
-    with pytest.raises(LayerSkipConfigError, match="give only 'layer_skip_ratio'"):
-        ClaspOptions(skip_ratio=0.4, layer_skip_ratio=0.5)
-    with pytest.raises(LayerSkipConfigError, match="'layer_skip_ratio' must be a number in"):
-        ClaspOptions(skip_ratio=1.5)
+        f"vllm-layerskip {method}: 'skip_ratio' is now '{new}' ({unit}). Rename it in the "
+        "speculative config; the next release refuses 'skip_ratio'."]
+    with pytest.raises(LayerSkipConfigError, match=f"give only '{new}'"):
+        cls(**{"skip_ratio": 0.3, new: 0.2})
+    with pytest.raises(LayerSkipConfigError, match=f"'{new}' must be"):
+        cls(skip_ratio=1.5)
+
+
+@pytest.mark.parametrize("method,typo,hint", [
+    ("layer_skip", "skip_ratios", "sublayer_skip_ratio"),
+    ("clasp", "skip_ratios", "layer_skip_ratio"),
+    ("clasp", "background_dps", None),
+])
+def test_deprecated_keys_are_neither_suggested_nor_listed(method, typo, hint):
+    with pytest.raises(LayerSkipConfigError) as e:
+        split_speculative_config({"method": method, "num_speculative_tokens": 4, typo: 1},
+                                 VLLM_KEYS)
+    message = str(e.value)
+    assert (f"'{typo}' (did you mean '{hint}'?)" in message) if hint else (
+        f"'{typo}'. Valid keys" in message)
+    valid = message.split("Valid keys: ")[1].split(" (and vLLM")[0].split(", ")
+    assert "num_speculative_tokens" in valid
+    assert not {"skip_ratio", "background_dp", "max_dp_context"} & set(valid)
 
 
 def test_removed_clasp_keys_together_get_one_warning(plugin_warnings):

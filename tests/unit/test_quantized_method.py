@@ -43,7 +43,7 @@ def test_layer_skip_with_nothing_skipped_and_draft_weights_names_the_new_method(
         proposer.on_model_loaded()
     assert "write {\"method\": \"quantized\", \"draft_weights\": 'int4'}" in caplog.text
     caplog.clear()
-    proposer.options = LayerSkipOptions(draft_weights="int4", skip_ratio=0.25)
+    proposer.options = LayerSkipOptions(draft_weights="int4", sublayer_skip_ratio=0.25)
     with caplog.at_level(logging.WARNING, logger="vllm.layerskip"):
         proposer.on_model_loaded()
     assert "quantized" not in caplog.text

@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from vllm_layerskip.core.errors import LayerSkipConfigError
 from vllm_layerskip.core.identity import ModelIdentity
@@ -25,6 +25,11 @@ DEFAULT_PROMPT_LOOKUP = (4, 2)
 @dataclass(frozen=True)
 class DraftingOptions:
     """Options every layer-skip method has."""
+
+    # Old or removed keys a method still reads for one release (with a warning),
+    # each with its new name (None: removed): not listed among the valid keys; a
+    # typo of one is pointed to the new name.
+    DEPRECATED_KEYS: ClassVar[dict[str, str | None]] = {}
 
     draft_confidence_threshold: float = 0.0
     """Stop a request's draft once the draft's top-1 probability is below this."""
@@ -219,3 +224,20 @@ def check_layer_list(key: str, values: Any) -> tuple[int, ...]:
             f"'{key}' must be a list of layer indices (integers), got {values!r}."
         )
     return tuple(sorted(set(values)))
+
+
+def take_renamed_key(options, method: str, old: str, new: str, unit: str) -> None:
+    """Read a key under its old name (for one release, with a warning that names
+    the new one) into its new field of a frozen options object; both given is an
+    error. `unit` says what the new name's value is a share of."""
+    value = getattr(options, old)
+    if value is None:
+        return
+    if getattr(options, new) is not None:
+        raise LayerSkipConfigError(
+            f"'{old}' is the old name of '{new}' for method '{method}'; give only '{new}'.")
+    logging.getLogger("vllm.layerskip").warning(
+        "vllm-layerskip %s: '%s' is now '%s' (%s). Rename it in the speculative config; "
+        "the next release refuses '%s'.", method, old, new, unit, old)
+    object.__setattr__(options, new, value)
+    object.__setattr__(options, old, None)

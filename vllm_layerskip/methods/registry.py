@@ -92,10 +92,12 @@ def split_speculative_config(
         )
     unknown = sorted(set(vllm_part) - set(vllm_keys))
     if unknown:
-        valid = sorted(option_names | {"method", "num_speculative_tokens"})
+        old = options_cls.DEPRECATED_KEYS
+        valid = sorted((option_names - set(old)) | {"method", "num_speculative_tokens"})
         hints = []
         for key in unknown:
-            close = difflib.get_close_matches(key, valid, n=1)
+            close = difflib.get_close_matches(key, valid + list(old), n=1)
+            close = [old.get(c, c) for c in close if old.get(c, c)]  # the new name
             hints.append(f"'{key}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
         raise LayerSkipConfigError(
             f"Unknown key(s) in the speculative config for method '{name}': "

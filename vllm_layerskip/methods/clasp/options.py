@@ -12,6 +12,7 @@ from vllm_layerskip.core.options import (
     check_bool,
     check_int,
     check_share,
+    take_renamed_key,
 )
 
 logger = logging.getLogger("vllm.layerskip")
@@ -26,13 +27,15 @@ class ClaspOptions(DraftingOptions):
     its Section 5.3)."""
 
     DEFAULT_SKIP_RATIO = 0.5  # class constant, not an option
+    DEPRECATED_KEYS = {"skip_ratio": "layer_skip_ratio", **dict.fromkeys(REMOVED_KEYS)}
 
     num_skip_layers: int | None = None
     """M: whole decoder layers the draft skips. Give this or `layer_skip_ratio`."""
     layer_skip_ratio: float | None = None
     """M as a fraction of the L decoder layers: M = round(r * L). When neither
     is given, r = 0.5 (the paper finds 40-60% best, Sec. 5.3.1). A share of
-    whole layers: the other methods' `skip_ratio` is a share of sub-layers."""
+    whole layers (`swift`'s `skip_ratio` and `layer_skip`'s `sublayer_skip_ratio`
+    are shares of sub-layers)."""
     skip_ratio: float | None = None
     """The old spelling of `layer_skip_ratio`: accepted, with a warning that
     names the new key, for one release."""
@@ -66,7 +69,8 @@ class ClaspOptions(DraftingOptions):
         super().__post_init__()
         if self.num_skip_layers is not None:
             check_int("num_skip_layers", self.num_skip_layers, minimum=1, unit="layers")
-        self._take_old_ratio_key()
+        take_renamed_key(self, "clasp", "skip_ratio", "layer_skip_ratio",
+                         "a share of whole decoder layers")
         r = self.layer_skip_ratio
         if r is not None and (
             isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 < r < 1.0
@@ -89,22 +93,6 @@ class ClaspOptions(DraftingOptions):
         check_int("max_dp_requests", self.max_dp_requests, minimum=1, unit="requests")
         check_share("max_optimizer_share", self.max_optimizer_share)
         self._warn_about_removed_keys()
-
-    def _take_old_ratio_key(self) -> None:
-        """`skip_ratio`, CLaSp's key before it was named for its unit (whole
-        layers), is read as `layer_skip_ratio`, with a warning."""
-        if self.skip_ratio is None:
-            return
-        if self.layer_skip_ratio is not None:
-            raise LayerSkipConfigError(
-                "'skip_ratio' is the old name of 'layer_skip_ratio' for method 'clasp'; "
-                "give only 'layer_skip_ratio'.")
-        logger.warning(
-            "vllm-layerskip clasp: 'skip_ratio' is now 'layer_skip_ratio' (a share of whole "
-            "decoder layers; the other methods' 'skip_ratio' is a share of sub-layers). "
-            "Rename it in the speculative config; the next release refuses 'skip_ratio'.")
-        object.__setattr__(self, "layer_skip_ratio", self.skip_ratio)
-        object.__setattr__(self, "skip_ratio", None)
 
     def _warn_about_removed_keys(self) -> None:
         """Old configs that name `background_dp` (the DP on a background thread,

@@ -39,7 +39,7 @@ class Evaluator:
 
         # The skip set alone: no drafts copied from the context.
         spec = {"method": "layer_skip", "num_speculative_tokens": k,
-                "adaptive_draft_length": False, "skip_ratio": 0.0, "prompt_lookup_max": 0}
+                "adaptive_draft_length": False, "sublayer_skip_ratio": 0.0, "prompt_lookup_max": 0}
         self.llm = LLM(model=model, speculative_config=spec, dtype=dtype, enforce_eager=True,
                        max_model_len=max_model_len, disable_log_stats=False, seed=0)
         self.prompts = chat_prompts(self.llm, prompts)
