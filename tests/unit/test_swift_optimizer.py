@@ -14,7 +14,7 @@ from vllm_layerskip.core.errors import LayerSkipConfigError
 from vllm_layerskip.core.identity import ModelIdentity
 from vllm_layerskip.methods.swift.options import SwiftOptions
 from vllm_layerskip.methods.swift.acceptance import MIN_ACCEPTANCE_TOKENS
-from vllm_layerskip.methods.swift.optimizer import SwiftOptimizer
+from vllm_layerskip.methods.swift.optimizer import IDLE_SLOWDOWN, SwiftOptimizer
 from vllm_layerskip.core.skip_set_optimizer import SubLayerSpace
 from vllm_layerskip.methods.swift.state_file import load_state
 
@@ -63,9 +63,9 @@ def _runs(mask, sublayer):
     return (mask.run_attn if kind == "attn" else mask.run_mlp)[layer]
 
 
-def drive(search, engine, runner, steps):
+def drive(search, engine, runner, steps, learning=True):
     for _ in range(steps):
-        search.step(runner, engine, runner.requests())
+        search.step(runner, engine, runner.requests(), learning)
         deadline = time.monotonic() + 10
         # Let the optimizer thread catch up, so tests are deterministic.
         # (No candidate is asked for while a challenger waits for confirmation.)
@@ -99,6 +99,21 @@ def test_accumulates_context_then_optimizes_and_reaches_target():
     calls = engine.calls
     drive(search, engine, runner, 20)
     assert engine.calls == calls
+
+
+def test_optimizing_slows_down_while_self_drafts_are_off_and_resumes_its_rate():
+    search = SwiftOptimizer(options(target_matchness=1.0, patience=25), NUM_LAYERS, IDENTITY)
+    engine, runner = FakeEngine(SubLayerSpace(NUM_LAYERS).random(np.random.default_rng(7), 6)), FakeRunner()
+    drive(search, engine, runner, 12)
+    assert search.phase == "optimizing" and engine.calls > 0
+    calls, scored = engine.calls, search.total_opt_steps
+    # The cost model turned self-drafts off: one optimization step in IDLE_SLOWDOWN.
+    drive(search, engine, runner, 48, learning=False)
+    assert 0 < search.total_opt_steps - scored <= 48 // IDLE_SLOWDOWN
+    assert search.summary()["waited_steps"] == 48 - 48 // IDLE_SLOWDOWN
+    assert search.phase == "optimizing"
+    drive(search, engine, runner, 300)  # self-drafts pay again
+    assert engine.calls > calls and search.phase == "accelerating", search.summary()
 
 
 class LoggingEngine(FakeEngine):

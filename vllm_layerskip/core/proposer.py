@@ -320,6 +320,13 @@ class SelfDraftProposer:
         """Whether the last step ran a draft pass (lookup drafts do not)."""
         return any(drafted for _, drafted in self._last_drafted.values())
 
+    @property
+    def self_drafts_in_use(self) -> bool:
+        """Whether self-drafts paid at the cost model's last decision about them
+        (or there is no cost model): false from the first probe that finds they
+        do not, until one finds they do."""
+        return self.policy is None or self.policy.probes_off == 0
+
     def tracked_request_ids(self) -> set[str]:
         """Ids of the requests this proposer holds state for. vLLM drops finished
         and aborted requests from the input batch, and so must the proposer: a
