@@ -24,6 +24,7 @@ MAINTAINED = ("bench_methods", "bench_interleaved", "bench_serve", "bench_step_c
               "bench_engine_startup", "load_test", "bench_memory_bandwidth",
               "draft_pass_breakdown", "bench_quantized_startup")
 TOOLS = ("analysis/pool_runs", "analysis/lookup_match_length", "analysis/set_acceptance",
+         "analysis/dithered_checkpoint",
          "kernels/bench_draft_linears", "kernels/draft_weights_startup")
 
 
@@ -308,3 +309,29 @@ def test_load_test_report_names_a_server_that_failed(isolated):
     assert text.startswith("# Serving under load (2026-01-01)")
     assert "| swift | failed: did not start |" in text
     assert "Problems:\n- swift: did not start" in text
+
+
+def test_dithered_checkpoint_leaves_no_grid_and_keeps_weights_within_half_a_step(isolated):
+    import torch
+
+    from vllm_layerskip.core.draft_weights import _int4_steps
+
+    tool = load("analysis/dithered_checkpoint")
+    gen = torch.Generator().manual_seed(0)
+    # 8 rows of 4 groups: rows 0-5 on a 16-level grid (as a 4-bit checkpoint's), 6-7 not.
+    levels = torch.randint(0, 16, (6, 128), generator=gen).float()
+    on_grid = -0.05 + levels * 0.01
+    weight = torch.cat([on_grid, torch.randn(2, 128, generator=gen) * 0.02]).to(torch.bfloat16)
+    groups = weight.float().reshape(8, 4, 32)
+    low = groups.amin(dim=-1, keepdim=True)
+    minmax = (groups.amax(dim=-1, keepdim=True) - low) / 15
+    assert not torch.equal(_int4_steps(groups, low), minmax)  # the grid is found
+    out, dithered, total = tool.dither(weight, torch.Generator().manual_seed(1))
+    assert (dithered, total) == (24, 32)
+    assert torch.equal(out[6:], weight[6:])  # off the grid: untouched
+    moved = (out[:6].float() - weight[:6].float()).abs()
+    assert moved.max() <= 0.005 + 1e-3 and moved.mean() > 0.001  # within half a step, and moved
+    groups = out.float().reshape(8, 4, 32)
+    low = groups.amin(dim=-1, keepdim=True)
+    assert torch.equal(_int4_steps(groups, low),
+                       ((groups.amax(dim=-1, keepdim=True) - low) / 15).clamp(min=1e-10))
