@@ -116,7 +116,7 @@ def check(original: str, dithered: str, num_tokens: int) -> dict:
     chunks = ids.split(1024, dim=1)
     result = {}
     for label, path in (("original", original), ("dithered", dithered)):
-        model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.bfloat16)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
         nll, top1 = [], []
         with torch.inference_mode():
             for chunk in chunks:
