@@ -25,3 +25,13 @@ def test_a_paused_span_earns_the_optimizer_budget_no_credit():
     for now in (0.0, 0.1, 0.2, 0.9):
         unpaused.step(now)
     assert unpaused.credit == pytest.approx(0.009)  # what the pause keeps out
+
+
+def test_a_step_at_a_lower_rate_earns_that_part_of_the_share():
+    """SWIFT earns an eighth of its share while self-drafts are off."""
+    budget = OptimizerBudget(0.01)
+    budget.step(0.0)
+    budget.step(0.8, rate=1 / 8)
+    assert budget.credit == pytest.approx(0.001)
+    budget.step(1.6)
+    assert budget.credit == pytest.approx(0.009)

@@ -31,12 +31,14 @@ class OptimizerBudget:
         self.busy_seconds = 0.0  # engine time counted so far
         self._last_step: float | None = None
 
-    def step(self, now: float) -> None:
-        """Once per engine step, with the caller's clock."""
+    def step(self, now: float, rate: float = 1.0) -> None:
+        """Once per engine step, with the caller's clock; `rate`: the part of
+        its share the time since the last step earns (SWIFT: 1/8 while the
+        cost model keeps self-drafts off)."""
         if self._last_step is not None:
             busy = min(now - self._last_step, MAX_STEP_GAP_S)
             self.busy_seconds += busy
-            self.credit = min(self.credit + self.share * busy, self.max_credit)
+            self.credit = min(self.credit + rate * self.share * busy, self.max_credit)
         self._last_step = now
 
     def pause(self) -> None:

@@ -34,9 +34,10 @@ logger = logging.getLogger("vllm.layerskip")
 # Scoring passes that may fail before optimization is given up.
 MAX_SCORE_FAILURES = 3
 # While the cost model keeps self-drafts off, optimization steps come this many
-# times less often: scoring cost 0.41 ms a step on SmolLM2 where nothing was
-# drafted (1.5% of a plain step, interleaved_20261204-183339); an eighth of it
-# stays under 0.2%, and a set that pays can still be found.
+# times less often and earn this many times less of max_optimizer_share: at the
+# full rate and share, optimizing took 0.41 ms a step on SmolLM2 where nothing
+# was drafted (1.7% of a plain step; the share, not the rate, bound it: 0.23 ms
+# at an eighth of the rate alone). A set that pays can still be found.
 IDLE_SLOWDOWN = 8
 
 
@@ -103,10 +104,11 @@ class SwiftOptimizer:
     def step(self, runner, engine, requests: DraftRequests, learning: bool = True) -> None:
         """`engine`: what scores a set on windows of text (scoring.WindowScorer).
         `learning`: whether self-drafts are in use; while the cost model keeps
-        them off, optimization runs at 1/IDLE_SLOWDOWN of its rate: the requests
-        gain nothing from it now, but a set that pays can still be found."""
+        them off, optimization runs at 1/IDLE_SLOWDOWN of its rate and time
+        share: the requests gain nothing from it now, but a set that pays can
+        still be found."""
         self.decode_steps += 1
-        self.budget.step(time.perf_counter())
+        self.budget.step(time.perf_counter(), 1.0 if learning else 1.0 / IDLE_SLOWDOWN)
         # The thread's CPU time counts against the same share: on a machine
         # whose cores the engine keeps busy, every second it computes is taken
         # from decoding (measured: swift at 0.85x plain at batch 1 with a 0.1
