@@ -86,20 +86,19 @@ def write_copy(src: str, dst: str, seed: int) -> dict:
 
 
 def grid_left(path: str) -> float:
-    """Share of sampled layers whose int4 copy would still find a grid."""
+    """Share of the decoder's linear weights in which the int4 copy (`"auto"`)
+    looks for a grid: those whose sampled groups mostly lie on one."""
     from safetensors.torch import load_file
 
-    from vllm_layerskip.core.draft_weights import _int4_steps
+    from vllm_layerskip.core.draft_weights import _shows_grid
 
     hits = seen = 0
     for shard in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
         for key, tensor in load_file(shard).items():
             if key.startswith("model.layers.") and key.endswith("proj.weight"):
-                groups = tensor.float().reshape(tensor.shape[0], -1, GROUP)
+                groups = tensor.float().reshape(-1, GROUP)
                 low = groups.amin(dim=-1, keepdim=True)
-                steps = _int4_steps(groups, low)
-                plain = ((groups.amax(dim=-1, keepdim=True) - low) / 15).clamp(min=1e-10)
-                hits += int(not bool((steps == plain).all()))
+                hits += _shows_grid(groups, low, groups.amax(dim=-1, keepdim=True) - low)
                 seen += 1
     return hits / max(seen, 1)
 

@@ -79,11 +79,9 @@ def stages_int4(weight: torch.Tensor, times: dict) -> None:
     times["float32 copy, min/max"] += time.perf_counter() - t
     t = time.perf_counter()
     flat = groups.reshape(-1, group)
-    count = min(512, flat.shape[0])
-    sample = torch.arange(count) * (flat.shape[0] - 1) // max(count - 1, 1)
-    _, found = dw._grid_steps(flat[sample], low.reshape(-1, 1)[sample], span.reshape(-1, 1)[sample])
+    shows_grid = dw._shows_grid(flat, low.reshape(-1, 1), span.reshape(-1, 1))
     times["grid: sampled check"] += time.perf_counter() - t
-    if found.float().mean() >= 0.5:
+    if shows_grid:
         t = time.perf_counter()
         grid, found = dw._grid_steps(flat, low.reshape(-1, 1), span.reshape(-1, 1))
         step = torch.where(found, grid, step.reshape(-1, 1)).reshape(step.shape)

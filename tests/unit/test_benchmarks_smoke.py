@@ -335,3 +335,19 @@ def test_dithered_checkpoint_leaves_no_grid_and_keeps_weights_within_half_a_step
     low = groups.amin(dim=-1, keepdim=True)
     assert torch.equal(_int4_steps(groups, low),
                        ((groups.amax(dim=-1, keepdim=True) - low) / 15).clamp(min=1e-10))
+
+
+def test_dithered_copy_of_a_checkpoint_leaves_no_weight_for_the_grid_search(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    tool = load("analysis/dithered_checkpoint")
+    levels = torch.randint(0, 16, (8, 128), generator=torch.Generator().manual_seed(0)).float()
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    save_file({"model.layers.0.mlp.down_proj.weight": (-0.05 + levels * 0.01).to(torch.bfloat16),
+               "model.norm.weight": torch.ones(8)}, str(src / "model.safetensors"))
+    (src / "config.json").write_text("{}")
+    assert tool.grid_left(str(src)) == 1.0
+    assert tool.write_copy(str(src), str(dst), seed=0) == {"groups_dithered": 32, "groups": 32}
+    assert tool.grid_left(str(dst)) == 0.0 and (dst / "config.json").exists()

@@ -203,15 +203,20 @@ def _int4_steps(groups: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
     span = groups.amax(dim=-1, keepdim=True) - low
     step = (span / 15).clamp(min=1e-10)
     flat = groups.reshape(-1, groups.shape[-1])
-    # The search (a sort of every group) costs ~1 s per 10M weights on 2 cores:
-    # only where a sample of the weight's groups shows a grid.
-    count = min(512, flat.shape[0])
-    sample = torch.arange(count) * (flat.shape[0] - 1) // max(count - 1, 1)
-    _, found = _grid_steps(flat[sample], low.reshape(-1, 1)[sample], span.reshape(-1, 1)[sample])
-    if found.float().mean() < 0.5:
+    if not _shows_grid(flat, low.reshape(-1, 1), span.reshape(-1, 1)):
         return step
     grid, found = _grid_steps(flat, low.reshape(-1, 1), span.reshape(-1, 1))
     return torch.where(found, grid, step.reshape(-1, 1)).reshape(step.shape)
+
+
+def _shows_grid(flat: torch.Tensor, low: torch.Tensor, span: torch.Tensor) -> bool:
+    """Whether most of a sample of a weight's [G, 32] groups (512, evenly
+    spread) lie on a grid: only then does `_int4_steps` search every group
+    (a sort of each, ~1 s per 10M weights on 2 cores)."""
+    count = min(512, flat.shape[0])
+    sample = torch.arange(count) * (flat.shape[0] - 1) // max(count - 1, 1)
+    _, found = _grid_steps(flat[sample], low[sample], span[sample])
+    return bool(found.float().mean() >= 0.5)
 
 
 def _grid_steps(groups: torch.Tensor, low: torch.Tensor, span: torch.Tensor):

@@ -68,7 +68,7 @@ class SwiftOptimizer:
         self.windows = WindowPicker(options)
         self.acceptance = PhaseAcceptance()
         self.budget_skips = 0
-        self.waited_steps = 0  # steps skipped for IDLE_SLOWDOWN while self-drafts were off
+        self.waited_steps = 0  # steps without an optimization step while self-drafts were off
 
         state = None
         if options.state_file and self.agreement.is_leader:
