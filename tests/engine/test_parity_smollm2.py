@@ -184,6 +184,11 @@ CASES = {
     "K4-draft-vocab-lookup": Case({"num_speculative_tokens": 4, "sublayer_skip_ratio": 0.2, "draft_vocab_size": 4096,
                               **FIXED, "prompt_lookup_max": 3, "prompt_lookup_min": 1},
         checks=(draft_vocab_pruned, copies_accepted)),
+    # Copies from suffix trees over the context and earlier outputs (the
+    # single prompt repeats one of the batch's), continued by the skip set.
+    "K4-suffix-tree-copies": Case({"num_speculative_tokens": 4, "sublayer_skip_ratio": 0.2,
+                                   "adaptive_draft_length": False, "copy_source": "suffix_tree"},
+        checks=(copies_accepted,)),
     "adadecode-K4-draft-vocab": Case({"method": "adadecode", "heads": "shipped",
                                  "num_speculative_tokens": 4, "draft_vocab_size": 4096, **FIXED},
         checks=(draft_vocab_pruned,)),

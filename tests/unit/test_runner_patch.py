@@ -61,8 +61,10 @@ def test_a_paused_proposer_drafts_nothing_and_learns_nothing():
 def test_pausing_prompt_lookup_leaves_the_self_draft_and_says_when_lookup_is_off():
     from vllm_layerskip.core.measure import set_prompt_lookup_paused
 
+    from vllm_layerskip.core.lookup import PromptLookup
+
     proposer = object.__new__(LayerSkipProposer)
-    proposer.options = types.SimpleNamespace(prompt_lookup_max=4, prompt_lookup_min=2)
+    proposer.copies = PromptLookup(max_n=4, min_n=2)
     proposer.prompt_lookup_paused = False
     # A context that repeats: [1 2 3 4 1 2] -> lookup copies "3 4 1 2" after "1 2".
     batch = types.SimpleNamespace(token_ids_cpu=np.array([[1, 2, 3, 4, 1, 2, 0, 0]]),
@@ -76,7 +78,7 @@ def test_pausing_prompt_lookup_leaves_the_self_draft_and_says_when_lookup_is_off
     set_prompt_lookup_paused(_engine_of(proposer), False)
     assert proposer._lookup(runner, requests)[0].tolist() == [3, 4, 1, 2]
 
-    proposer.options.prompt_lookup_max = 0
+    proposer.copies = None  # prompt_lookup_max 0
     with pytest.raises(ValueError, match="prompt lookup is off in this engine, so there is "
                                          "nothing to pause: start it with prompt_lookup_max"):
         set_prompt_lookup_paused(_engine_of(proposer), True)

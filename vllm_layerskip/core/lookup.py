@@ -62,3 +62,18 @@ def lookup_drafts(token_ids: np.ndarray, num_tokens: np.ndarray, rows: np.ndarra
         else token_ids[row, :0]
         for row, b in zip(rows, budget)
     ]
+
+
+class PromptLookup:
+    """Prompt lookup as the proposer's copy source ("copy_source":
+    "prompt_lookup"; core/suffix_copies.py is the other). It keeps no state."""
+
+    request_ids: frozenset = frozenset()
+
+    def __init__(self, max_n: int, min_n: int):
+        self.max_n, self.min_n = max_n, min_n
+
+    def drafts(self, batch, rows: np.ndarray, budget: np.ndarray) -> list[np.ndarray]:
+        """Each row's copy (vLLM's input batch `batch`, rows `rows`), at most `budget[i]` tokens."""
+        return lookup_drafts(batch.token_ids_cpu, batch.num_tokens_no_spec, rows,
+                             self.max_n, self.min_n, budget)

@@ -175,9 +175,9 @@ def set_drafting_paused(llm, paused: bool) -> None:
 
 
 def set_prompt_lookup_paused(llm, paused: bool) -> None:
-    """Pause or resume prompt lookup on every worker: paused, the method
-    self-drafts alone, as with `prompt_lookup_max` 0. Raises ValueError for an
-    engine without a layer-skip proposer or with prompt lookup off."""
+    """Pause or resume copies (prompt lookup, or the suffix tree) on every
+    worker: paused, the method self-drafts alone, as with `prompt_lookup_max` 0.
+    Raises ValueError for an engine without a layer-skip proposer or without copies."""
     done = llm.collective_rpc(_pause, args=("prompt_lookup", paused))
     if None in done:
         raise ValueError(_NO_PROPOSER)

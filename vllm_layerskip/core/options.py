@@ -20,6 +20,8 @@ from vllm_layerskip.core.identity import ModelIdentity
 # drafted most of what any method gained (benchmarks/RESULTS.md); 2..4, as
 # vLLM's benchmarks use for its ngram method.
 DEFAULT_PROMPT_LOOKUP = (4, 2)
+# Where copied drafts come from (core/lookup.py, core/suffix_copies.py).
+COPY_SOURCES = ("prompt_lookup", "suffix_tree")
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,11 @@ class DraftingOptions:
     prompt_lookup_min: int | None = None
     """vLLM's key: the shortest n-gram that counts as a match (unset: as
     prompt_lookup_max, as in vLLM's ngram method; both unset: 2)."""
+    copy_source: str = "prompt_lookup"
+    """Where copied drafts come from: "prompt_lookup" (the request's context,
+    n-grams of prompt_lookup_min..max tokens) or "suffix_tree" (suffix trees
+    over the request's context and earlier requests' outputs, matches of up to
+    24 tokens; needs scripts/install_suffix.sh; core/suffix_copies.py)."""
 
     def __post_init__(self):
         check_number("draft_confidence_threshold", self.draft_confidence_threshold, 0.0, 1.0)
@@ -131,7 +138,34 @@ class DraftingOptions:
 
         return self.draft_weights_grid or DEFAULT_GRID
 
+    def _check_copy_source(self) -> None:
+        from vllm_layerskip.core.suffix_copies import INSTALL_HINT, suffix_tree_available
+
+        value = self.copy_source
+        if value not in COPY_SOURCES:
+            close = difflib.get_close_matches(str(value).lower(), COPY_SOURCES, n=1)
+            hint = f" (did you mean \"{close[0]}\"?)" if close else ""
+            raise LayerSkipConfigError(
+                f"'copy_source' must be one of {', '.join(repr(s) for s in COPY_SOURCES)}, "
+                f"got {value!r}{hint}.")
+        if value != "suffix_tree":
+            return
+        given = [k for k in ("prompt_lookup_max", "prompt_lookup_min") if getattr(self, k) is not None]
+        if given:
+            raise LayerSkipConfigError(
+                f"{' and '.join(repr(k) for k in given)} {'set' if len(given) > 1 else 'sets'} "
+                "prompt lookup's n-grams, which "
+                "\"copy_source\": \"suffix_tree\" does not use (its matches are up to 24 tokens): "
+                "remove it, or use \"copy_source\": \"prompt_lookup\".")
+        if not suffix_tree_available():
+            raise LayerSkipConfigError(f"'copy_source': 'suffix_tree': {INSTALL_HINT}.")
+        object.__setattr__(self, "prompt_lookup_max", 0)
+        object.__setattr__(self, "prompt_lookup_min", 0)
+
     def _check_prompt_lookup(self) -> None:
+        self._check_copy_source()
+        if self.copy_source == "suffix_tree":
+            return
         high, low = self.prompt_lookup_max, self.prompt_lookup_min
         if high is None and low is None:  # the default: on
             high, low = DEFAULT_PROMPT_LOOKUP

@@ -20,11 +20,12 @@ from vllm_layerskip.core.load_checks import (
     draft_weights_status,
     warn_if_bf16_cannot_pay,
 )
-from vllm_layerskip.core.lookup import lookup_drafts
+from vllm_layerskip.core.lookup import PromptLookup
 from vllm_layerskip.core.rank_agreement import rank_agreement
 from vllm_layerskip.core.selection import get_selection
 from vllm_layerskip.core.proposer_stats import ProposerStats, RequestBookkeeping, StatusReports
 from vllm_layerskip.core.step_plan import StepPlan, copy_plan, has_copy, plan_step, probe_rows
+from vllm_layerskip.core.suffix_copies import SuffixTreeCopies
 
 logger = logging.getLogger("vllm.layerskip")
 
@@ -76,6 +77,10 @@ class SelfDraftProposer:
         self.drafting_paused = False
         # set_prompt_lookup_paused(): the method self-drafts alone (no copies).
         self.prompt_lookup_paused = False
+        # Where copied drafts come from (None: no copies).
+        self.copies = (SuffixTreeCopies() if self.options.copy_source == "suffix_tree" else
+                       PromptLookup(self.options.prompt_lookup_max, self.options.prompt_lookup_min)
+                       if self.options.prompt_lookup_max else None)
 
     def load_model(self, target_model) -> None:
         identity = model_identity(self.vllm_config.model_config)
@@ -126,12 +131,12 @@ class SelfDraftProposer:
         the paused steps as its own."""
 
     def set_prompt_lookup_paused(self, paused: bool) -> bool:
-        """Pause (True) or resume prompt lookup: paused, the method drafts as it
-        would without `prompt_lookup_max`, and the cost model's lookup estimates
-        wait unchanged. For benchmarks: the method alone and the hybrid in one
-        engine (benchmarks/bench_interleaved.py). Returns False where this engine
-        has prompt lookup off, so that there is nothing to pause."""
-        if not self.options.prompt_lookup_max:
+        """Pause (True) or resume copies (prompt lookup or the suffix tree):
+        paused, the method drafts as it would without them, and the cost model's
+        lookup estimates wait unchanged. For benchmarks: the method alone and the
+        hybrid in one engine (benchmarks/bench_interleaved.py). Returns False
+        where this engine copies nothing, so that there is nothing to pause."""
+        if self.copies is None:
             return False
         self.prompt_lookup_paused = bool(paused)
         return True
@@ -240,18 +245,15 @@ class SelfDraftProposer:
         """Whether a copied draft that runs out may go on as a self-draft (with
         prompt lookup on). Early-exit drafts (adadecode) cannot: they write no
         K/V above their exit layer, which a copied token's later readers need."""
-        return bool(self.options.prompt_lookup_max)
+        return self.copies is not None
 
     def _lookup(self, runner, requests: DraftRequests) -> list[np.ndarray]:
-        """Each drafting request's lookup draft (core/lookup.py; empty without
-        a match, or when prompt lookup is off)."""
-        if (not self.options.prompt_lookup_max or self.prompt_lookup_paused
-                or not len(requests.rows)):
+        """Each drafting request's copied draft (core/lookup.py or
+        core/suffix_copies.py; empty without a match, or when copies are off)."""
+        if self.copies is None or self.prompt_lookup_paused:
             return [np.zeros(0, dtype=np.int64)] * len(requests.rows)
-        batch = runner.input_batch
-        return lookup_drafts(batch.token_ids_cpu, batch.num_tokens_no_spec, requests.rows,
-                             self.options.prompt_lookup_max, self.options.prompt_lookup_min,
-                             requests.budget)
+        # Called with no row drafting too: the suffix trees follow the batch.
+        return self.copies.drafts(runner.input_batch, requests.rows, requests.budget)
 
     def _add_copies(self, runner, requests, result: DraftResult, copied,
                     plan: StepPlan) -> set[int]:
@@ -332,7 +334,7 @@ class SelfDraftProposer:
         and aborted requests from the input batch, and so must the proposer: a
         subclass that keeps per-request state adds its ids here, and the status
         shows any id kept beyond the batch."""
-        return set(self._last_drafted)
+        return set(self._last_drafted) | (self.copies.request_ids if self.copies else set())
 
     def status(self) -> dict:
         status = self.stats.as_dict()
