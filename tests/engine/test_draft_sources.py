@@ -132,12 +132,15 @@ def test_sampling_distribution_matches_plain(tiny_llama, smollm2_path, plain, vo
         assert outside > 0.1, outside  # the pruned vocabulary leaves real mass out
         assert verified["self"]["draft_tokens"] > num_samples
     else:
-        # Most drafts copied from the context, some of them rejected; copies
-        # that ran out continued by the skip set's draft, which q covers too.
+        # Most drafts copied from the context, some of them rejected; lookup's
+        # copies that ran out continued by the skip set's draft, which q covers
+        # too (the suffix tree's fill the room of 3 where offered: it offers
+        # only copies expected to be 2 tokens accepted, core/suffix_copies.py).
         assert verified["lookup"]["draft_tokens"] > num_samples, verified
         assert 0.02 < verified["lookup"]["acceptance"] < 0.98, verified
-        assert verified["continuation"]["draft_tokens"] > 100, verified
-        assert 0.02 < verified["continuation"]["acceptance"] < 0.98, verified
+        if source == "lookup":
+            assert verified["continuation"]["draft_tokens"] > 100, verified
+            assert 0.02 < verified["continuation"]["acceptance"] < 0.98, verified
     assert 0.02 < counters.acceptance_rate < 0.98, counters
     for pos in range(1, NUM_TOKENS):  # position 0 comes from the prefill, no draft
         p = two_sample_p_value(plain_samples[:, pos], samples[:, pos])

@@ -47,15 +47,17 @@ def drafts(copies, batch, budget=8):
     return [d.tolist() for d in copies.drafts(view, rows, np.full(len(rows), budget))]
 
 
-def test_a_copy_from_the_prompt_is_at_most_as_long_as_its_match():
+def test_a_copy_is_at_most_as_long_as_its_match_and_offered_where_it_expects_two_tokens():
     copies, batch = SuffixTreeCopies(), Batch()
-    batch.add("a", [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3])
-    # The last 3 tokens match the prompt's start: at most 3 tokens follow.
-    assert drafts(copies, batch) == [[4, 5, 6]]
-    assert drafts(copies, batch, budget=2) == [[4, 5]]
+    batch.add("a", list(range(1, 13)) + [1, 2, 3, 4, 5])
+    # The last 5 tokens match the prompt's start once: 5 tokens follow, each
+    # estimated at 1/2 (the occurrence at the end has no continuation yet).
+    assert drafts(copies, batch) == [[6, 7, 8, 9, 10]]
+    # Room for 3: an expected 1.5 tokens accepted, below 2: no copy.
+    assert drafts(copies, batch, budget=3) == [[]]
     # The output goes on as the prompt did: the match grows, and so does the copy.
-    batch.rows[0] += [4, 5, 6, 7]
-    assert drafts(copies, batch) == [[8, 9, 1, 2, 3, 4, 5]]
+    batch.rows[0] += [6, 7]
+    assert drafts(copies, batch) == [[8, 9, 10, 11, 12, 1, 2]]
     # No earlier occurrence of the last token: nothing to copy.
     batch.rows[0] += [42]
     assert drafts(copies, batch) == [[]]
@@ -76,12 +78,13 @@ def test_an_earlier_requests_output_is_copied_after_it_leaves_the_batch():
 
 def test_rows_without_budget_still_feed_their_tree():
     copies, batch = SuffixTreeCopies(), Batch()
-    batch.add("a", [1, 2, 3, 1, 2])
+    batch.add("a", list(range(1, 13)))
     batch.add("b", [7, 8, 9])
     view = batch.view()
     out = copies.drafts(view, np.array([0, 1]), np.array([0, 4]))
     assert [d.tolist() for d in out] == [[], []]
-    assert drafts(copies, batch)[0] == [3, 1]
+    batch.rows[0] += [1, 2, 3, 4, 5]
+    assert drafts(copies, batch)[0] == [6, 7, 8, 9, 10]
 
 
 def build_options(name, keys):

@@ -7,7 +7,8 @@ of the request's last 2..4 tokens in its own context. A suffix tree
 vLLM's `suffix` method uses) matches up to 24 tokens, in the request's prompt
 and output and in the outputs of up to 10,000 earlier requests, and follows the
 continuation seen most often while its estimated probability stays >= 0.1; a
-draft is at most as long as its match. On Qwen2.5-Coder-1.5B vLLM's `suffix`
+draft is at most as long as its match, and offered only where it expects two or
+more of its tokens accepted. On Qwen2.5-Coder-1.5B vLLM's `suffix`
 read above its `ngram` in extraction, qa, math_reasoning and rag (one question
 each: benchmarks/results/2026-12-03/bench_20261203-121422.md). Here such a copy
 is one more draft source that the cost model weighs against self-drafts per
@@ -29,6 +30,16 @@ MAX_TREE_DEPTH = 24
 MAX_CACHED_REQUESTS = 10000
 MAX_SPEC_FACTOR = 1.0
 MIN_TOKEN_PROB = 0.1
+# A copy is offered only where the tree expects at least this many of its
+# tokens accepted (the draft's score, the sum of its tokens' estimated
+# probabilities): a request with a copy does not self-draft, and with every
+# copy offered (mostly 1-2 tokens, from matches of 1-2 tokens) `quantized`
+# self-drafted in 17% of steps instead of prompt lookup's 57%, M 2.36 against
+# 4.01, 1.38x against 1.46x (benchmarks/results/2026-12-05/bench_20261205-090359.md).
+# With this bound: M 4.86 against 3.98, but fewer free copies (self-drafts in 75%
+# of steps), 1.31x against 1.38x (bench_20261205-092356.md): prompt lookup stays
+# the default copy source.
+MIN_EXPECTED_ACCEPTED = 2.0
 
 INSTALL_HINT = ("arctic-inference's suffix tree is not installed in this environment: "
                 "run `bash scripts/install_suffix.sh` (builds only the suffix tree, ~30 s)")
@@ -70,7 +81,8 @@ class SuffixTreeCopies:
             draft = self.cache.speculate(req_id, tokens[-MAX_TREE_DEPTH:], max_spec_tokens=b,
                                          max_spec_factor=MAX_SPEC_FACTOR,
                                          min_token_prob=MIN_TOKEN_PROB)
-            out.append(np.asarray(draft.token_ids, dtype=tokens.dtype))
+            keep = draft.score >= MIN_EXPECTED_ACCEPTED
+            out.append(np.asarray(draft.token_ids if keep else (), dtype=tokens.dtype))
         return out
 
     def _update(self, req_id: str, tokens: np.ndarray, num_prompt: int) -> None:
