@@ -1,11 +1,12 @@
 """One pass through a model's linear layers per draft_weights kernel, at 1-32
 tokens: torch's bf16 linear (oneDNN) and the draft copies of core/draft_weights.py
-as draft passes call them, "int4" (torch's weight-only kernel) and "w8a8" (FBGEMM's
-dynamic int8 linear, each token on its own range). Every layer has its own random weights
+as draft passes call them, "int4" (torch's weight-only kernel) and "w8a8" with each of
+its kernels (core/w8a8_kernels.py: vLLM's VNNI int8 GEMM where this CPU has it, and
+FBGEMM's dynamic int8 linear). Every layer has its own random weights
 (28 layers x qkv, o, gate_up, down by default: Qwen2.5-Coder-1.5B's shapes), so
 a pass reads them from memory, as a draft pass does, not from the caches.
 Milliseconds for the whole pass; the figures in core/draft_weights.py and
-docs/draft-weights.md. About 2 minutes and 4 GB.
+docs/draft-weights.md. About 3 minutes and 6 GB.
 
     .venv/bin/python benchmarks/kernels/bench_draft_linears.py
 """
@@ -13,6 +14,7 @@ docs/draft-weights.md. About 2 minutes and 4 GB.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 import warnings
 
@@ -29,17 +31,24 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     warnings.filterwarnings("ignore")  # torch deprecates its quantized tensors
+    from vllm_layerskip.core import w8a8_kernels
     from vllm_layerskip.core.draft_weights import QuantizedLinear
 
     h = args.hidden
     shapes = [(args.qkv, h), (h, h), (2 * args.intermediate, h), (h, args.intermediate)] * args.layers
-    bf16, copies = [], {"int4": [], "w8a8": []}
+    w8a8 = [k for k in w8a8_kernels.KERNELS
+            if k == "fbgemm" or w8a8_kernels._vnni_kernel_available()]
+    bf16, copies = [], {"int4": [], **{f"w8a8 {k}": [] for k in w8a8}}
     for n, k in shapes:
         layer = torch.nn.Linear(k, n, bias=False, dtype=torch.bfloat16)
         torch.nn.init.normal_(layer.weight, std=0.02)
         bf16.append(layer.weight.detach())
-        for scheme, made in copies.items():  # the copies draft passes read, made as they are
+        for column, made in copies.items():  # the copies draft passes read, made as they are
+            scheme, _, kernel = column.partition(" ")
+            if kernel:
+                os.environ[w8a8_kernels.ENV] = kernel
             made.append(QuantizedLinear(layer, scheme))
+            os.environ.pop(w8a8_kernels.ENV, None)
 
     def inputs(m):
         return {k: torch.randn(m, k, dtype=torch.bfloat16) for k in {k for _, k in shapes}}
@@ -56,7 +65,7 @@ def main() -> None:
                 copy.matmul(x[copy.in_features])
         return run
 
-    run_int4, run_w8a8 = run_copies("int4"), run_copies("w8a8")
+    runs = {"bf16 (oneDNN)": run_bf16, **{column: run_copies(column) for column in copies}}
 
     def ms(run, m):
         run(m)
@@ -66,9 +75,9 @@ def main() -> None:
         return 1000 * (time.perf_counter() - start) / args.repeats
 
     print(f"{len(shapes)} linear layers, {torch.get_num_threads()} threads; ms a pass")
-    print("| tokens | bf16 (oneDNN) | int4 | w8a8 (FBGEMM) |\n| ---: | ---: | ---: | ---: |")
+    print("| tokens | " + " | ".join(runs) + " |\n| ---: |" + " ---: |" * len(runs))
     for m in args.tokens:
-        print(f"| {m} | {ms(run_bf16, m):.1f} | {ms(run_int4, m):.1f} | {ms(run_w8a8, m):.1f} |",
+        print(f"| {m} | " + " | ".join(f"{ms(run, m):.1f}" for run in runs.values()) + " |",
               flush=True)
 
 

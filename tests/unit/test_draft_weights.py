@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from vllm_layerskip.core import draft_weights
+from vllm_layerskip.core import draft_weights, w8a8_kernels
 from vllm_layerskip.core.draft_weights import ATTR, QuantizedLinear, attach, draft_layers
 from vllm_layerskip.core.errors import LayerSkipConfigError
 from vllm_layerskip.core.model_adapter import DecoderStack
@@ -63,11 +63,18 @@ def test_int4_copy_is_a_quarter_of_the_bytes():
     assert copy.nbytes == 256 * 512 // 2 + 2 * 2 * 256 * 512 // 32
 
 
-def test_w8a8_quantizes_each_token_on_its_own_range():
+needs_vnni = pytest.mark.skipif(not w8a8_kernels._vnni_kernel_available(),
+                                reason="vLLM's int8 kernel needs an AVX512-VNNI CPU")
+
+
+@pytest.mark.parametrize("kernel", [pytest.param("vnni", marks=needs_vnni), "fbgemm"])
+def test_w8a8_quantizes_each_token_on_its_own_range(monkeypatch, kernel):
     # One token 1000x larger than the others shares the pass: with one range for
     # the whole input (FBGEMM's own) the small tokens would round to ~nothing.
+    monkeypatch.setenv(w8a8_kernels.ENV, kernel)
     layer = linear(64, 128, bias=True, dtype=torch.bfloat16)
     copy = QuantizedLinear(layer, "w8a8")
+    assert copy.kernel == kernel
     x = torch.randn(4, 128, dtype=torch.bfloat16)
     x[2] *= 1000
     want = nn.functional.linear(x.float(), layer.weight.float(), layer.bias.float())
@@ -77,8 +84,35 @@ def test_w8a8_quantizes_each_token_on_its_own_range():
     assert copy.nbytes == 64 * (128 + 16)
 
 
+@needs_vnni
+def test_w8a8_picks_vllms_int8_kernel_for_bf16_and_fbgemm_for_the_rest(monkeypatch):
+    monkeypatch.delenv(w8a8_kernels.ENV, raising=False)
+    assert QuantizedLinear(linear(64, 128, dtype=torch.bfloat16), "w8a8").kernel == "vnni"
+    # float32 (the kernel refuses it) and rows that are not whole tiles of 16.
+    assert QuantizedLinear(linear(64, 128), "w8a8").kernel == "fbgemm"
+    assert QuantizedLinear(linear(72, 128, dtype=torch.bfloat16), "w8a8").kernel == "fbgemm"
+    # The two kernels compute the same product up to their roundings.
+    layer = linear(256, 512, dtype=torch.bfloat16)
+    x = torch.randn(5, 512, dtype=torch.bfloat16)
+    vnni = QuantizedLinear(layer, "w8a8").matmul(x)
+    monkeypatch.setenv(w8a8_kernels.ENV, "fbgemm")
+    assert relative_error(vnni, QuantizedLinear(layer, "w8a8").matmul(x)) < 0.02
+
+
+def test_w8a8_kernel_override_is_checked(monkeypatch):
+    monkeypatch.setenv(w8a8_kernels.ENV, "onednn")
+    with pytest.raises(LayerSkipConfigError, match=r"VLLM_LAYERSKIP_W8A8_KERNEL='onednn': must "
+                                                    r"be one of vnni, fbgemm \(or unset"):
+        QuantizedLinear(linear(64, 128, dtype=torch.bfloat16), "w8a8")
+    monkeypatch.setenv(w8a8_kernels.ENV, "vnni")
+    with pytest.raises(LayerSkipConfigError, match=r"=vnni: vLLM's int8 kernel needs an "
+                                                    r"AVX512-VNNI CPU, bf16 and weights of 16 x 32 "
+                                                    r"tiles; here dtype torch.float32"):
+        QuantizedLinear(linear(64, 128), "w8a8")
+
+
 def test_w8a8_without_fbgemm_says_what_to_use(monkeypatch):
-    monkeypatch.setattr(draft_weights, "_quantized_engines", lambda: ["qnnpack"])
+    monkeypatch.setattr(w8a8_kernels, "quantized_engines", lambda: ["qnnpack"])
     with pytest.raises(LayerSkipConfigError, match=r"\"w8a8\" needs torch's FBGEMM int8 kernels "
                                                     r"\(x86 CPUs\); this torch has only qnnpack. "
                                                     r"Use \"int4\"\."):

@@ -80,7 +80,7 @@ def test_a_hit_gives_the_copy_a_fresh_quantization_gives(cache, monkeypatch, sch
     assert builds == []  # read back, not quantized again
     x = torch.randn(3, 128, dtype=torch.bfloat16)
     assert torch.equal(first.matmul(x), second.matmul(x))
-    if scheme != "w8a8":  # FBGEMM's packed weight is opaque: its outputs are compared
+    if scheme != "w8a8":  # w8a8's packed weight is a kernel's own: its outputs are compared
         assert torch.equal(first.packed, second.packed) and torch.equal(first.scales, second.scales)
     monkeypatch.setenv(draft_weights_cache.DISABLE_ENV, "0")
     fresh = QuantizedLinear(layer, scheme)

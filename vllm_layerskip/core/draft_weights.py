@@ -21,11 +21,12 @@ Schemes (`draft_weights`):
   "int4" at 1-4 tokens a pass and than "w8a8" at more (below), it never paid.
   Accepted, with a warning, for one release.
 - "w8a8": int8 weights (symmetric, one scale per output row), and each pass's activations quantized to
-  8 bits per token on the fly (FBGEMM's dynamic int8 linear): reads int8
-  weights once for all of a pass's tokens, so it gains at any pass size (8
-  concurrent requests), where the weight-only kernels compute token by token.
-  Its drafts are less exact: activation rounding costs ~4-8% of a linear's
-  output norm against ~0.5% for "int4" on a 4-bit checkpoint's grid.
+  8 bits per token on the fly (core/w8a8_kernels.py: vLLM's VNNI int8 GEMM
+  for bf16 on AVX512-VNNI CPUs, FBGEMM's dynamic int8 linear elsewhere):
+  reads int8 weights once for all of a pass's tokens, so it gains at any pass
+  size (8 concurrent requests), where the weight-only kernels compute token
+  by token. Its drafts are less exact: activation rounding costs ~1-8% of a
+  linear's output norm against ~0.5% for "int4" on a 4-bit checkpoint's grid.
 
 Grids (`draft_weights_grid`, "int4" only): "auto" keeps the 4-bit grid of a
 checkpoint dequantized from 4 bits where a sample of a weight's groups shows
@@ -42,14 +43,10 @@ and w8a8 (0.82 / 1.31 GB on Qwen2.5-Coder-1.5B, as its engines logged them).
 
 from __future__ import annotations
 
-import functools
-import warnings
-
 import torch
 from torch import nn
 
-from vllm_layerskip.core import draft_weights_cache
-from vllm_layerskip.core.cpu_dtype import cpu_flags
+from vllm_layerskip.core import draft_weights_cache, w8a8_kernels
 from vllm_layerskip.core.draft_layer import DraftLayer
 from vllm_layerskip.core.errors import LayerSkipConfigError
 
@@ -66,10 +63,11 @@ _LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 # 17920 x 1536 linear (the 1.5B's gate_up, 2-core AVX512-BF16 CPU) at 1 / 2 / 4
 # / 8 tokens, int4 took 0.95 / 1.20 / 1.69 / 3.28 ms and int8 2.01 / 2.35 /
 # 2.49 / 4.60 ms against vLLM's oneDNN bf16 3.20 / 2.82 / 2.46 / 2.75 ms.
-# FBGEMM's dynamic int8 linear (w8a8) reads its weights once for a whole pass:
-# the 1.5B's 112 linears (28 layers), weights cycled beyond the caches, took
-# 46 / 35 / 44 / 77 / 143 ms at 1 / 4 / 8 / 16 / 32 tokens, int4 39 / 66 / 132
-# / 269 / 518 ms, torch's bf16 linear 135 / 154 / 179 / 229 / 328 ms.
+# w8a8 reads its weights once for a whole pass: the 1.5B's 112 linears (28
+# layers), weights cycled beyond the caches, took 26 / 26 / 43 / 71 / 123 ms at
+# 1 / 4 / 8 / 16 / 32 tokens with vLLM's VNNI kernel (36 / 39 / 54 / 93 / 150
+# with FBGEMM's), int4 41 / 68 / 133 / 264 / 525 ms, torch's bf16 linear
+# 135 / 154 / 179 / 229 / 328 ms (w8a8_kernels.py).
 # (benchmarks/kernels/bench_draft_linears.py; docs/draft-weights.md has a rerun through
 # these copies' own calls, on a slower hour: same ordering.)
 # Draft passes of more tokens than this run the model's own weights (None: any size).
@@ -97,8 +95,9 @@ class QuantizedLinear:
             self.scheme = "w8a8" if scheme == "w8a8" else "int8"
             grid = None  # one symmetric scale a row: no grid to choose
         self.grid = grid
+        self.kernel = None  # w8a8's: w8a8_kernels.KERNELS
         if self.scheme == "w8a8":
-            self._check_fbgemm()
+            self.kernel = w8a8_kernels.choose(self.dtype, self.out_features, self.in_features)
         # What is stored is the same for int8 and w8a8 (int8 q, a scale a row),
         # and never a CPU-specific packed layout: packing is done here, at every start.
         kind = "int4" if self.scheme == "int4" else "int8"
@@ -109,7 +108,7 @@ class QuantizedLinear:
             self.packed = _pack_int4(stored["q"])
             self.scales = stored["scales"]
         elif self.scheme == "w8a8":
-            self.packed = _prepack_w8a8(stored["q"], stored["scale"])
+            self.packed, self.scales = w8a8_kernels.prepack(self.kernel, stored["q"], stored["scale"])
         else:
             self.packed, self.scales = stored["q"], stored["scale"]
         # vLLM's bias rules: a row-parallel layer adds its bias on rank 0 only
@@ -124,16 +123,9 @@ class QuantizedLinear:
             and getattr(layer, "tp_size", 1) > 1
         self.return_bias = getattr(layer, "return_bias", True)
 
-    def _check_fbgemm(self) -> None:
-        engines = _quantized_engines()
-        if "fbgemm" not in engines:
-            raise LayerSkipConfigError(
-                f"'draft_weights': \"w8a8\" needs torch's FBGEMM int8 kernels (x86 CPUs); this "
-                f"torch has only {', '.join(engines)}. Use \"int4\".")
-
     @property
     def nbytes(self) -> int:
-        if self.scheme == "w8a8":  # FBGEMM's packed int8 weight, a scale, zero and offset a row
+        if self.scheme == "w8a8":  # a packed int8 weight, a scale, zero and offset a row
             return self.out_features * (self.in_features + 16)
         return self.packed.nbytes + self.scales.nbytes
 
@@ -143,7 +135,7 @@ class QuantizedLinear:
         if self.scheme == "int4":
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, _GROUP, self.scales)
         elif self.scheme == "w8a8":
-            out = _w8a8_matmul(x2, self.packed).to(self.dtype)
+            out = w8a8_kernels.matmul(self.kernel, x2, self.packed, self.scales, self.dtype)
         else:
             out = torch.ops.aten._weight_int8pack_mm(x2, self.packed, self.scales)
         if self.bias is not None:
@@ -244,46 +236,6 @@ def _quantize_int8(weight: torch.Tensor) -> dict[str, torch.Tensor]:
     scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-10)
     q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
     return {"q": q, "scale": scale.to(weight.dtype)}
-
-
-def _prepack_w8a8(q: torch.Tensor, scale: torch.Tensor):
-    """FBGEMM's packed int8 weight (one scale a row), from `_quantize_int8`'s q and
-    scale. FBGEMM's packed form cannot be saved: it is made at every start."""
-    zeros = torch.zeros(q.shape[0], dtype=torch.long)
-    previous = torch.backends.quantized.engine
-    try:
-        torch.backends.quantized.engine = "fbgemm"
-        with warnings.catch_warnings():  # torch deprecates quantized tensors; 0.32's torch has them
-            warnings.simplefilter("ignore")
-            qweight = torch._make_per_channel_quantized_tensor(q, scale.double(), zeros, 0)
-            return torch.ops.quantized.linear_prepack(qweight, None)
-    finally:
-        torch.backends.quantized.engine = previous
-
-
-def _quantized_engines() -> list[str]:
-    return list(torch.backends.quantized.supported_engines)
-
-
-def _w8a8_matmul(x: torch.Tensor, packed) -> torch.Tensor:
-    """x [T, k] times the packed weight, float32 out. FBGEMM quantizes its input
-    with one range for the whole tensor; dividing each token by its own largest
-    magnitude first makes that range each token's (per-token quantization: on
-    Qwen2.5-Coder-1.5B's layer 5 and 8 tokens with outlier channels, output
-    error 4-8% of its norm against 5-13%), and the output is scaled back."""
-    x = x.float()
-    peak = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12)
-    return torch.ops.quantized.linear_dynamic(x / peak, packed, not _has_vnni()) * peak
-
-
-@functools.cache
-def _has_vnni() -> bool:
-    """Whether FBGEMM may use the full 8-bit activation range: without VNNI its
-    kernels add pairs of u8 x s8 products in int16, which saturates unless the
-    activations keep to 7 bits (reduce_range). A saturated sum only makes a
-    draft worse, never the output (verification reads the model's weights)."""
-    flags = cpu_flags() or set()
-    return "avx512_vnni" in flags or "avx_vnni" in flags
 
 
 def attach(layer: nn.Module, scheme: str, grid: str = DEFAULT_GRID) -> None:

@@ -19,9 +19,12 @@ def draft_weights_status(scheme: str | None, engine) -> dict | None:
     stack = engine.stack
     if stack is None or stack.draft is None:
         return None
+    # The kernels the copies run: a scheme's own, or w8a8's (core/w8a8_kernels.py).
+    kernels = sorted({m.kernel or m.scheme for d in stack.draft for m in d.linears.values()})
     return {"scheme": scheme,
             "bytes": total_bytes(stack.draft) + engine.head.quantized_bytes,
-            "max_tokens_per_pass": stack.draft[0].max_tokens}
+            "max_tokens_per_pass": stack.draft[0].max_tokens,
+            "kernels": kernels}
 
 
 def check_draft_weights(method: str, asked: str | None, engine) -> None:
@@ -35,7 +38,8 @@ def check_draft_weights(method: str, asked: str | None, engine) -> None:
     if loaded is not None:
         head = " and of the pruned draft head" if engine.head.quantized_bytes else ""
         logger.info("vllm-layerskip %s: drafts read %s copies of the linear weights%s "
-                    "(%.2f GB beside the model's)", method, asked, head, loaded["bytes"] / 1e9)
+                    "(%.2f GB beside the model's; kernels: %s)", method, asked, head,
+                    loaded["bytes"] / 1e9, ", ".join(loaded["kernels"]))
 
 
 def warn_if_bf16_cannot_pay(method: str, vllm_config) -> None:
