@@ -11,6 +11,15 @@ AVX512_BF16 = {"avx2", "avx512f", "avx512_bf16"}
 AVX2_ONLY = {"avx2", "fma"}
 
 
+def test_bf16_with_vnni_drafts_every_layer_on_w8a8_at_any_load():
+    for n in (1, 16):
+        r = recommend(None, "bfloat16", n, flags=AVX512_BF16 | {"avx512_vnni"}, gpu=False,
+                      has_profile=True)
+        assert r.spec == {"method": "quantized", "num_speculative_tokens": 8,
+                          "draft_weights": "w8a8"}
+        assert any("AVX512-VNNI: vLLM's int8 kernel" in line for line in r.reasons)
+
+
 def test_bf16_on_a_cpu_with_bf16_arithmetic_drafts_every_layer_at_4_bits():
     r = recommend(None, "bfloat16", 1, flags=AVX512_BF16, gpu=False, has_profile=True)
     assert r.spec == {"method": "quantized", "num_speculative_tokens": 8, "draft_weights": "int4"}

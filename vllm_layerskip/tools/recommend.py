@@ -5,10 +5,13 @@ read the same rule (`recommend()`), so the three cannot drift apart.
 
 The rule, from what was measured (benchmarks/RESULTS.md):
 - On a CPU with bf16 arithmetic (AVX512-BF16 or AMX), a bf16 model drafts
-  through every layer on a quantized copy of its weights: int4 where the batch
-  is small (torch's int4 kernel computes token by token: it pays for passes of
-  up to 4 tokens), w8a8 where many requests are in flight (its kernel reads the
-  weights once per pass).
+  through every layer on a quantized copy of its weights. With AVX512-VNNI,
+  w8a8 at any load: vLLM's int8 kernel reads its copy once per pass and as
+  fast as int4's at one token (Qwen2.5-Coder-1.5B, batch 1: 1.64x and 1.66x
+  plain against int4's 1.46x and 1.51x in the same runs; benchmarks/results/
+  2026-12-05/bench_20261205-142403.md). Without it: int4 where the batch is
+  small (torch's int4 kernel computes token by token: it pays for passes of up
+  to 4 tokens), w8a8 (FBGEMM) where many requests are in flight.
 - Without bf16 arithmetic a bf16 step is compute-bound and no draft pays: the
   advice is float32, where a step is memory-bound again.
 - float32, and any GPU (the quantized copies are CPU kernels): the model's own
@@ -95,15 +98,21 @@ def recommend(model: str | None = None, dtype: str | None = None, max_concurrenc
                        "float32 a step is memory-bound: serve with --dtype float32")
     spec = {"num_speculative_tokens": NUM_SPECULATIVE_TOKENS}
     if not gpu and dtype == "bfloat16":
-        scheme = "int4" if max_concurrency <= INT4_MAX_CONCURRENCY else "w8a8"
+        vnni = "avx512_vnni" in flags
+        scheme = "w8a8" if vnni or max_concurrency > INT4_MAX_CONCURRENCY else "int4"
         spec = {"method": "quantized", **spec, "draft_weights": scheme}
         reasons.append("CPU with bf16 arithmetic, bf16: every layer drafts, reading a "
                        "quantized copy of its weights (no skip set; the model's own weights "
                        "verify)")
-        reasons.append(
-            f"draft_weights {scheme}: {max_concurrency} request(s) in flight "
-            + ("(int4 pays for draft passes of up to 4 tokens)" if scheme == "int4" else
-               f"(over {INT4_MAX_CONCURRENCY}: w8a8 reads its weights once for a whole pass)"))
+        if vnni:
+            why = ("AVX512-VNNI: vLLM's int8 kernel drafts a token as fast as int4 and reads "
+                   "its weights once for a whole pass, at any number of requests in flight")
+        elif scheme == "int4":
+            why = f"{max_concurrency} request(s) in flight (int4 pays for passes of up to 4 tokens)"
+        else:
+            why = (f"{max_concurrency} request(s) in flight (over {INT4_MAX_CONCURRENCY}: w8a8 "
+                   "reads its weights once for a whole pass)")
+        reasons.append(f"draft_weights {scheme}: {why}")
     else:
         where = "a GPU" if gpu else f"{dtype} on a CPU"
         if has_profile:
