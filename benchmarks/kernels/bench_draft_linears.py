@@ -37,7 +37,7 @@ def main() -> None:
     h = args.hidden
     shapes = [(args.qkv, h), (h, h), (2 * args.intermediate, h), (h, args.intermediate)] * args.layers
     w8a8 = [k for k in w8a8_kernels.KERNELS
-            if k == "fbgemm" or w8a8_kernels._vnni_kernel_available()]
+            if k == "fbgemm" or w8a8_kernels.vnni_kernel_available()]
     bf16, copies = [], {"int4": [], **{f"w8a8 {k}": [] for k in w8a8}}
     for n, k in shapes:
         layer = torch.nn.Linear(k, n, bias=False, dtype=torch.bfloat16)

@@ -12,7 +12,7 @@ from vllm import SamplingParams
 from vllm_layerskip.core import w8a8_kernels
 from vllm_layerskip.core.measure import chat_prompts, proposer_stats, shutdown, spec_decode_counters
 
-pytestmark = pytest.mark.skipif(not w8a8_kernels._vnni_kernel_available(),
+pytestmark = pytest.mark.skipif(not w8a8_kernels.vnni_kernel_available(),
                                 reason="vLLM's int8 kernel needs an AVX512-VNNI CPU")
 
 SPEC = {"method": "quantized", "draft_weights": "w8a8", "num_speculative_tokens": 4,

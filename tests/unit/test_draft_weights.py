@@ -63,7 +63,7 @@ def test_int4_copy_is_a_quarter_of_the_bytes():
     assert copy.nbytes == 256 * 512 // 2 + 2 * 2 * 256 * 512 // 32
 
 
-needs_vnni = pytest.mark.skipif(not w8a8_kernels._vnni_kernel_available(),
+needs_vnni = pytest.mark.skipif(not w8a8_kernels.vnni_kernel_available(),
                                 reason="vLLM's int8 kernel needs an AVX512-VNNI CPU")
 
 

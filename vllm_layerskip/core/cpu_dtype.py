@@ -12,6 +12,8 @@ speedup in bf16 on such a CPU should be told at start-up, not left to benchmark 
 from __future__ import annotations
 
 BF16_ARITHMETIC_FLAGS = ("avx512_bf16", "amx_bf16")
+# What vLLM's int8 kernel for w8a8 draft weights needs (core/w8a8_kernels.py).
+VNNI_FLAG = "avx512_vnni"
 
 
 def cpu_flags(path: str = "/proc/cpuinfo") -> set[str] | None:

@@ -64,10 +64,10 @@ _LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 # / 8 tokens, int4 took 0.95 / 1.20 / 1.69 / 3.28 ms and int8 2.01 / 2.35 /
 # 2.49 / 4.60 ms against vLLM's oneDNN bf16 3.20 / 2.82 / 2.46 / 2.75 ms.
 # w8a8 reads its weights once for a whole pass: the 1.5B's 112 linears (28
-# layers), weights cycled beyond the caches, took 26 / 26 / 43 / 71 / 123 ms at
-# 1 / 4 / 8 / 16 / 32 tokens with vLLM's VNNI kernel (36 / 39 / 54 / 93 / 150
-# with FBGEMM's), int4 41 / 68 / 133 / 264 / 525 ms, torch's bf16 linear
-# 135 / 154 / 179 / 229 / 328 ms (w8a8_kernels.py).
+# layers), weights cycled beyond the caches, took 46 / 40 / 49 / 75 / 125 ms at
+# 1 / 4 / 8 / 16 / 32 tokens with vLLM's VNNI kernel (49 / 50 / 53 / 81 / 150
+# with FBGEMM's), int4 41 / 66 / 133 / 272 / 514 ms, torch's bf16 linear
+# 150 / 128 / 163 / 197 / 290 ms (w8a8_kernels.py).
 # (benchmarks/kernels/bench_draft_linears.py; docs/draft-weights.md has a rerun through
 # these copies' own calls, on a slower hour: same ordering.)
 # Draft passes of more tokens than this run the model's own weights (None: any size).

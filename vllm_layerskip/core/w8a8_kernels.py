@@ -8,10 +8,11 @@ Two kernels read the same stored copy (int8 values, a scale a row):
   with AVX512-VNNI. vLLM calls it only on AMX CPUs, but it runs on any
   AVX512-VNNI CPU for bf16 activations (float16 aborts the process inside the
   kernel, float32 it refuses). On the 2-core AVX512-BF16 EPYC, Qwen2.5-Coder-
-  1.5B's 112 linears took 26 / 27 / 26 / 43 / 71 / 123 ms at 1 / 2 / 4 / 8 /
-  16 / 32 tokens, against FBGEMM's 36 / 36 / 39 / 54 / 93 / 150 and the int4
-  copy's 41 / 48 / 68 / 133 / 264 / 525 (benchmarks/kernels/bench_draft_linears.py):
-  1.31 GB in 26 ms is ~50 GB/s, twice what the bf16 step streams.
+  1.5B's 112 linears took 46 / 40 / 40 / 49 / 75 / 125 ms at 1 / 2 / 4 / 8 /
+  16 / 32 tokens, against FBGEMM's 49 / 49 / 50 / 53 / 81 / 150 and the int4
+  copy's 41 / 47 / 66 / 133 / 272 / 514 (benchmarks/kernels/bench_draft_linears.py,
+  benchmarks/results/2026-12-05/draft_pass_breakdown_20261205.md, which also
+  notes a faster reading with nothing else in memory, not reached in an engine).
 - "fbgemm": torch's dynamic int8 linear (`quantized.linear_dynamic`), for every
   other CPU and dtype.
 
@@ -26,7 +27,7 @@ import warnings
 
 import torch
 
-from vllm_layerskip.core.cpu_dtype import cpu_flags
+from vllm_layerskip.core.cpu_dtype import VNNI_FLAG, cpu_flags
 from vllm_layerskip.core.errors import LayerSkipConfigError
 
 KERNELS = ("vnni", "fbgemm")
@@ -43,13 +44,13 @@ def choose(dtype: torch.dtype, out_features: int, in_features: int) -> str:
         return "fbgemm"
     # The kernel's tiles: 16 output rows, inputs in blocks of 32 (vLLM's own check).
     fits = dtype == torch.bfloat16 and out_features % 16 == 0 and in_features % 32 == 0
-    if fits and _vnni_kernel_available():
+    if fits and vnni_kernel_available():
         return "vnni"
     if forced == "vnni":
         raise LayerSkipConfigError(
             f"{ENV}=vnni: vLLM's int8 kernel needs an AVX512-VNNI CPU, bf16 and weights of "
             f"16 x 32 tiles; here dtype {dtype}, weight {out_features} x {in_features}, "
-            f"kernel {'found' if _vnni_kernel_available() else 'not found'}. Unset {ENV}.")
+            f"kernel {'found' if vnni_kernel_available() else 'not found'}. Unset {ENV}.")
     _check_fbgemm()
     return "fbgemm"
 
@@ -86,8 +87,9 @@ def matmul(kernel: str, x: torch.Tensor, packed, scale, dtype: torch.dtype) -> t
 
 
 @functools.cache
-def _vnni_kernel_available() -> bool:
-    if "avx512_vnni" not in (cpu_flags() or set()):
+def vnni_kernel_available() -> bool:
+    """Whether this CPU and vLLM build have the "vnni" kernel."""
+    if VNNI_FLAG not in (cpu_flags() or set()):
         return False
     try:
         import vllm._custom_ops  # noqa: F401  (loads vLLM's CPU ops)

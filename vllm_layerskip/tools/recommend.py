@@ -27,7 +27,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from vllm_layerskip.core.cpu_dtype import BF16_ARITHMETIC_FLAGS, cpu_flags
+from vllm_layerskip.core.cpu_dtype import BF16_ARITHMETIC_FLAGS, VNNI_FLAG, cpu_flags
 
 NUM_SPECULATIVE_TOKENS = 8
 # Requests in flight above which a quantized draft pass runs w8a8 rather than
@@ -98,7 +98,7 @@ def recommend(model: str | None = None, dtype: str | None = None, max_concurrenc
                        "float32 a step is memory-bound: serve with --dtype float32")
     spec = {"num_speculative_tokens": NUM_SPECULATIVE_TOKENS}
     if not gpu and dtype == "bfloat16":
-        vnni = "avx512_vnni" in flags
+        vnni = VNNI_FLAG in flags
         scheme = "w8a8" if vnni or max_concurrency > INT4_MAX_CONCURRENCY else "int4"
         spec = {"method": "quantized", **spec, "draft_weights": scheme}
         reasons.append("CPU with bf16 arithmetic, bf16: every layer drafts, reading a "
