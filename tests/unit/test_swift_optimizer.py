@@ -14,7 +14,8 @@ from vllm_layerskip.core.errors import LayerSkipConfigError
 from vllm_layerskip.core.identity import ModelIdentity
 from vllm_layerskip.methods.swift.options import SwiftOptions
 from vllm_layerskip.methods.swift.acceptance import MIN_ACCEPTANCE_TOKENS
-from vllm_layerskip.methods.swift.optimizer import IDLE_SLOWDOWN, SwiftOptimizer
+from vllm_layerskip.core.optimizer_budget import IDLE_SLOWDOWN
+from vllm_layerskip.methods.swift.optimizer import SwiftOptimizer
 from vllm_layerskip.core.skip_set_optimizer import SubLayerSpace
 from vllm_layerskip.methods.swift.state_file import load_state
 

@@ -68,9 +68,15 @@ class ClaspDPScheduler:
             self.num_skip, num_layers, options.layer_optimization_interval, list(self.skipped),
         )
 
-    def step(self, runner, engine, requests: DraftRequests, drafting: bool = True) -> None:
+    def step(self, runner, engine, requests: DraftRequests, drafting: bool = True,
+             learning: bool = True) -> None:
+        """`drafting`: whether this step is expected to draft (a due run waits
+        otherwise); `learning`: whether self-drafts are in use (the budget
+        earns 1/IDLE_SLOWDOWN of the share otherwise: after each probe of a
+        cost model that keeps self-drafts off, a due run is allowed only as
+        that smaller share allows)."""
         self.steps += 1
-        self.budget.step(time.perf_counter())
+        self.budget.step(time.perf_counter(), learning)
         if self.stopped or self.steps < self.next_dp_step:
             return
         picked = self._pick(requests)

@@ -75,9 +75,10 @@ class ClaspProposer(SelfDraftProposer):
         # A DP run only pays off if this step drafts, but the cost model decides
         # that after this hook: the last step's decision stands in. While the
         # cost model keeps drafting off, a due DP run waits, and runs on the
-        # step after drafting resumes (e.g. after a probe).
+        # step after drafting resumes (e.g. after a probe), at an eighth of the
+        # time share while the probes find self-drafts do not pay.
         drafting = self.policy is None or self.self_drafted_last_step
-        self.dp.step(runner, self.layers, requests, drafting)
+        self.dp.step(runner, self.layers, requests, drafting, self.self_drafts_in_use)
 
     def draft(self, runner, requests: DraftRequests) -> DraftResult:
         return self.engine.draft(

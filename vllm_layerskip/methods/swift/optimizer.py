@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from vllm_layerskip.core.draft_batch import DraftRequests
-from vllm_layerskip.core.optimizer_budget import OptimizerBudget
+from vllm_layerskip.core.optimizer_budget import IDLE_SLOWDOWN, OptimizerBudget
 from vllm_layerskip.core.rank_agreement import SingleRank
 from vllm_layerskip.core.skip_set_optimizer import SubLayerSpace
 from vllm_layerskip.methods.swift.acceptance import PhaseAcceptance
@@ -33,12 +33,6 @@ logger = logging.getLogger("vllm.layerskip")
 
 # Scoring passes that may fail before optimization is given up.
 MAX_SCORE_FAILURES = 3
-# While the cost model keeps self-drafts off, optimization steps come this many
-# times less often and earn this many times less of max_optimizer_share: at the
-# full rate and share, optimizing took 0.41 ms a step on SmolLM2 where nothing
-# was drafted (1.7% of a plain step; the share, not the rate, bound it: 0.23 ms
-# at an eighth of the rate alone). A set that pays can still be found.
-IDLE_SLOWDOWN = 8
 
 
 class SwiftOptimizer:
@@ -108,7 +102,7 @@ class SwiftOptimizer:
         share: the requests gain nothing from it now, but a set that pays can
         still be found."""
         self.decode_steps += 1
-        self.budget.step(time.perf_counter(), 1.0 if learning else 1.0 / IDLE_SLOWDOWN)
+        self.budget.step(time.perf_counter(), learning)
         # The thread's CPU time counts against the same share: on a machine
         # whose cores the engine keeps busy, every second it computes is taken
         # from decoding (measured: swift at 0.85x plain at batch 1 with a 0.1
