@@ -23,9 +23,10 @@ MAX_STEP_GAP_S = 1.0
 CREDIT_WINDOW_S = 5.0
 # While the cost model keeps self-drafts off, an optimizer earns 1/IDLE_SLOWDOWN
 # of its share (and SWIFT steps that many times less often): the requests gain
-# nothing from it then, but a set that pays can still be found. At full share
-# SWIFT took 0.41 ms a step on SmolLM2 where nothing was drafted (1.7% of a
-# plain step), CLaSp's DP runs 0.2 ms of its 0.4 ms (64 ms a run).
+# nothing from it then, but a set that pays can still be found. In SmolLM2 steps
+# that drafted nothing, at full share: SWIFT 0.41 ms (1.7% of a plain step; the
+# share, not the rate, bound it), CLaSp 0.35-0.46 ms against 0.23 ms at an eighth
+# (benchmarks/results/2026-12-06, interleaved_20261206-00*).
 IDLE_SLOWDOWN = 8
 
 
