@@ -74,7 +74,9 @@ def test_bench_interleaved_renders_a_saved_run_again(tmp_path, isolated):
                 "step_prefill": [False] * 12 + [True], "self_drafted": drafted,
                 "self_accepted": drafted // 2, "copied": 0, "copied_accepted": 0,
                 "idle_proposals": 4 if mode == bench.ON else 0,
-                "idle_seconds": 0.002 if mode == bench.ON else 0.0}
+                "idle_seconds": 0.002 if mode == bench.ON else 0.0,
+                "empty_passes": cycle if mode == bench.ON else 0,
+                "empty_pass_seconds": 0.03 * cycle if mode == bench.ON else 0.0}
 
     spans = [span(mode, cycle, tokens, drafted)
              for cycle in range(2)
@@ -93,7 +95,8 @@ def test_bench_interleaved_renders_a_saved_run_again(tmp_path, isolated):
     assert "| 1.00 (1.00-1.00) |" in again
     # 8 idle proposals of 0.5 ms against a paused decode step of 500 ms
     assert ("- swift: the proposer took 0.50 ms a step in the 8 drafting-span steps where it "
-            "drafted nothing: 0.10% of a paused decode step (median 500.0 ms)") in text
+            "drafted nothing: 0.10% of a paused decode step (median 500.0 ms); 1 steps ran "
+            "a draft pass that drafted nothing, 30.00 ms each") in text
 
 
 def test_bench_interleaved_reports_each_repeat_and_the_spread(tmp_path, isolated):

@@ -716,3 +716,66 @@ def test_solve_3x3_agrees_with_numpy_and_refuses_singular_systems():
     # One size per kind of step: the drafting column is a multiple of the first.
     assert solve_3x3(((5, 10, 5), (10, 20, 10), (5, 10, 5)), (1, 2, 1)) is None
     assert solve_3x3(((1, 0, 0), (0, 1e-12, 0), (0, 0, 1)), (1, 1, 1)) is None
+
+
+def test_drafts_that_stopped_before_their_budget_are_found():
+    # A confidence gate or an early exit without a confident head stops a chain
+    # short: the cost model counts the stopping position as a rejection.
+    from vllm_layerskip.core.step_plan import plan_step, stopped_drafts
+
+    copied = [np.zeros(0, dtype=np.int64), np.array([9, 9]), np.zeros(0, dtype=np.int64),
+              np.zeros(0, dtype=np.int64)]
+    plan = plan_step(copied, np.array([4, 4, 4, 2]), 4, 4, None, 0)
+    assert plan.self_budget.tolist() == [4, 0, 4, 2]
+    rows = np.array([3, 2, 1, 0])  # input-batch row of each drafting request
+    token_ids = [[5, 6], [7], [9, 9], []]  # by input-batch row
+    empty, short = stopped_drafts(plan, rows, token_ids)
+    # Request 0 (row 3) drafted nothing; request 2 (row 1) one of 4; request 3
+    # (row 0) both of its 2; request 1 copied and did not self-draft.
+    assert empty == [0] and short == [2]
+    # A continued copy's prefix is not the self-draft's.
+    copied = [np.array([9, 9])]
+    plan = plan_step(copied, np.array([4]), 4, 4, None, 2)
+    assert plan.prefix is not None and plan.self_budget.tolist() == [4]
+    assert stopped_drafts(plan, np.array([0]), [[9, 9]]) == ([0], [])
+    assert stopped_drafts(plan, np.array([0]), [[9, 9, 1]]) == ([], [0])
+    assert stopped_drafts(plan, np.array([0]), [[9, 9, 1, 2]]) == ([], [])
+
+
+def test_the_proposer_counts_a_stopped_chain_as_rejected_where_it_stopped():
+    # adadecode's exit heads found no confident head for request a (a pass
+    # that drafts nothing) and stopped request b after 1 of 4 tokens. Before,
+    # the cost model learned nothing from a and "1 of 1 accepted" from b, and
+    # kept choosing passes that drafted nothing (1.16 ms a step on SmolLM2).
+    import types
+
+    from vllm_layerskip.core.draft_batch import DraftRequests, DraftResult
+    from vllm_layerskip.core.proposer_stats import ProposerStats
+    from vllm_layerskip.methods.layer_skip.proposer import LayerSkipProposer
+
+    proposer = object.__new__(LayerSkipProposer)  # no engine: a stand-in draft pass
+    proposer.method, proposer.num_speculative_tokens = "layer_skip", 4
+    proposer.stats, proposer.policy = ProposerStats(), DraftLengthPolicy(max_k=4)
+    proposer.draft = lambda runner, requests: DraftResult(
+        [[], [7]], None, 1, [[], [0.9]], num_rows_run=2)
+    runner = types.SimpleNamespace(input_batch=types.SimpleNamespace(req_ids=["a", "b"]))
+    requests = DraftRequests(rows=np.array([0, 1]), last_token=np.array([1, 2]),
+                             last_position=np.array([5, 6]), budget=np.array([4, 4]),
+                             temperature=np.zeros(2))
+    none = [np.zeros(0, dtype=np.int64)] * 2
+    before = proposer.policy.acceptance.rates()[:2].tolist()
+    proposer._draft_step(runner, requests, none, np.array([4, 4]), (0, 4, None, 0))
+    assert proposer._last_drafted == {"b": (0, 1)} and proposer._stopped == {"b"}
+    assert proposer.stats.num_empty_drafts == 1
+    acceptance = proposer.policy.acceptance
+    assert acceptance.offered[0] == 1 and acceptance.accepted[0] == 0  # a: rejected at 1
+    proposer._last_end = None
+    proposer._observe_verified_step(runner, [[3], [7, 8]], None, 0.0)  # b's token accepted
+    assert acceptance.offered[:2].round(2).tolist() == [1.98, 1.0]  # b: rejected at 2
+    assert acceptance.accepted[:2].round(2).tolist() == [1.0, 0.0]
+    rates = acceptance.rates()[:2].tolist()
+    assert before == [0.5, 0.5] and rates[1] < 0.3  # positions past the gate pay less
+    # A step whose pass drafted nothing for anyone is an empty pass, not idle.
+    proposer.stats.record_idle(0.002, ran_a_pass=True)
+    proposer.stats.record_idle(0.001)
+    assert proposer.stats.num_empty_passes == 1 and proposer.stats.num_idle_proposals == 1

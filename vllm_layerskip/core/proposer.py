@@ -24,7 +24,8 @@ from vllm_layerskip.core.lookup import PromptLookup
 from vllm_layerskip.core.rank_agreement import rank_agreement
 from vllm_layerskip.core.selection import get_selection
 from vllm_layerskip.core.proposer_stats import ProposerStats, RequestBookkeeping, StatusReports
-from vllm_layerskip.core.step_plan import StepPlan, copy_plan, has_copy, plan_step, probe_rows
+from vllm_layerskip.core.step_plan import (
+    StepPlan, copy_plan, has_copy, plan_step, probe_rows, stopped_drafts)
 from vllm_layerskip.core.suffix_copies import SuffixTreeCopies
 
 logger = logging.getLogger("vllm.layerskip")
@@ -69,6 +70,7 @@ class SelfDraftProposer:
         # step that verified it: req id -> (tokens copied from the context, tokens
         # self-drafted after them). Both non-zero: a self-draft continuing a copy.
         self._last_drafted: dict[str, tuple[int, int]] = {}
+        self._stopped: set[str] = set()  # of those, self-drafts cut before their budget
         self._last_end: float | None = None
         self._probe_offset = 0  # where the next probe's rows start in the batch
         self.bookkeeping = RequestBookkeeping()
@@ -170,7 +172,7 @@ class SelfDraftProposer:
         self._last_end = time.perf_counter()
         self.stats.propose_seconds += self._last_end - start
         if not self._last_drafted:
-            self.stats.record_idle(self._last_end - start)
+            self.stats.record_idle(self._last_end - start, ran_a_pass=result.num_forward_steps > 0)
         return result
 
     def _draft_step(self, runner, requests: DraftRequests, copied, room,
@@ -199,6 +201,14 @@ class SelfDraftProposer:
                 n = num_copied.get(row, 0)
                 n = len(tokens) if n is None else n  # None: the whole draft was copied
                 self._last_drafted[req_ids[row]] = (n, len(tokens) - n)
+        empty, short = (stopped_drafts(plan, requests.rows, result.token_ids)
+                        if result.num_forward_steps else ([], []))  # none if it failed
+        self._stopped = {req_ids[int(requests.rows[i])] for i in short}
+        self.stats.num_empty_drafts += len(empty)
+        for _ in empty if self.policy is not None else ():
+            # Nothing to verify: the first position yielded nothing. Uncounted,
+            # adadecode's passes without a confident exit head went on drafting.
+            self.policy.observe_acceptance(1, 0)
         return result, draft_seconds
 
     def _decide(self, requests: DraftRequests, copied, room, scheduler_output):
@@ -301,8 +311,9 @@ class SelfDraftProposer:
                 accepted -= copied
                 self.stats.record_verified(drafted, accepted,
                                            "continuation" if copied else "self")
-                if self.policy is not None:
-                    self.policy.observe_acceptance(drafted, accepted)
+                if self.policy is not None:  # a chain that stopped short: rejected there
+                    self.policy.observe_acceptance(
+                        drafted + (req_ids[row] in self._stopped), accepted)
                 total_drafted += drafted  # the method learns from its own drafts only
                 total_accepted += accepted
         if total_drafted:

@@ -84,6 +84,14 @@ class ProposerStats:
         # what the proposer costs a step where it does not pay.
         self.num_idle_proposals = 0
         self.idle_seconds = 0.0
+        # Proposals whose draft pass ran and drafted nothing (every chain
+        # stopped before its first token), and their seconds: a draft that did
+        # not pay, not the proposer's overhead.
+        self.num_empty_passes = 0
+        self.empty_pass_seconds = 0.0
+        # Requests whose self-draft yielded no token (the cost model counts each
+        # as a rejection at the first position).
+        self.num_empty_drafts = 0
         self.draft_failures = 0  # draft passes that raised (the step ran without drafts)
         self.last_draft_error: str | None = None
 
@@ -95,9 +103,15 @@ class ProposerStats:
         self.num_rows_run += result.num_rows_run
         self.draft_seconds += seconds
 
-    def record_idle(self, seconds: float) -> None:
-        self.num_idle_proposals += 1
-        self.idle_seconds += seconds
+    def record_idle(self, seconds: float, ran_a_pass: bool = False) -> None:
+        """A proposal that drafted nothing: idle, or an empty pass if a draft
+        pass ran."""
+        if ran_a_pass:
+            self.num_empty_passes += 1
+            self.empty_pass_seconds += seconds
+        else:
+            self.num_idle_proposals += 1
+            self.idle_seconds += seconds
 
     def record_verified(self, drafted: int, accepted: int, source: str) -> None:
         counts = self.verified[source]

@@ -79,3 +79,20 @@ def plan_step(copied: list[np.ndarray], room: np.ndarray, lookup_length: int,
             self_budget[i] = min(room[i], len(prefix[i]) + continue_length)
         copying = copying & ~continuing
     return StepPlan(self_budget=self_budget, copying=copying, copy_budget=budget, prefix=prefix)
+
+
+def stopped_drafts(plan: StepPlan, rows: np.ndarray,
+                   token_ids: list[list[int]]) -> tuple[list[int], list[int]]:
+    """Requests (indices into the step's drafting requests) whose self-draft
+    stopped before its budget: a confidence gate cut the chain, or an
+    early-exit draft found no confident head. (those that self-drafted no
+    token, those that self-drafted some.) For the cost model the stopping
+    position is a rejection: asked for k tokens, the chain yielded fewer, and a
+    position that yields nothing is one that gains nothing."""
+    empty, short = [], []
+    for i in np.flatnonzero(plan.self_budget):
+        prefix = len(plan.prefix[i]) if plan.prefix is not None else 0
+        drafted = max(len(token_ids[int(rows[i])]) - prefix, 0)
+        if drafted < plan.self_budget[i] - prefix:
+            (short if drafted else empty).append(int(i))
+    return empty, short
