@@ -182,6 +182,7 @@ def draft_counts(engine) -> dict:
         c = engine.counters()
         return {"self_drafted": 0, "self_accepted": 0, "copied": c.draft_tokens,
                 "copied_accepted": c.accepted, "idle_proposals": 0, "idle_seconds": 0.0,
+                "idle_method_seconds": 0.0,
                 "empty_passes": 0, "empty_pass_seconds": 0.0}
     s = proposer_stats(engine.llm)
     v = s["verified"]
@@ -189,6 +190,7 @@ def draft_counts(engine) -> dict:
             "self_accepted": v["self"]["accepted"] + v["continuation"]["accepted"],
             "copied": v["lookup"]["draft_tokens"], "copied_accepted": v["lookup"]["accepted"],
             "idle_proposals": s["num_idle_proposals"], "idle_seconds": s["idle_seconds"],
+            "idle_method_seconds": s.get("idle_method_seconds", 0.0),
             "empty_passes": s["num_empty_passes"], "empty_pass_seconds": s["empty_pass_seconds"]}
 
 
@@ -202,6 +204,8 @@ def idle_overhead(spans: list[dict], method: str) -> str:
     if not idle or not paused:
         return f"{method}: no step without drafts in the drafting spans"
     ms = 1e3 * sum(s.get("idle_seconds", 0.0) for s in mine if s["mode"] in DRAFTING) / idle
+    method_ms = 1e3 * sum(s.get("idle_method_seconds", 0.0) for s in mine
+                          if s["mode"] in DRAFTING) / idle
     decode = [t for s in paused for t, p in zip(s["step_seconds"], s["step_prefill"]) if not p]
     step_ms = 1e3 * float(np.median(decode)) if decode else float("nan")
     empty = sum(s.get("empty_passes", 0) for s in mine if s["mode"] in DRAFTING)
@@ -209,6 +213,7 @@ def idle_overhead(spans: list[dict], method: str) -> str:
                          if s["mode"] in DRAFTING) / max(empty, 1)
     return (f"{method}: the proposer took {ms:.2f} ms a step in the {idle} drafting-span steps "
             f"where it drafted nothing: {100 * ms / step_ms:.2f}% of a paused decode step (median {step_ms:.1f} ms)"
+            + (f", of which {method_ms:.2f} ms the method's own work (before_draft)" if method_ms else "")
             + (f"; {empty} steps ran a draft pass that drafted nothing, {empty_ms:.2f} ms each"
                if empty else ""))
 

@@ -75,6 +75,7 @@ def test_bench_interleaved_renders_a_saved_run_again(tmp_path, isolated):
                 "self_accepted": drafted // 2, "copied": 0, "copied_accepted": 0,
                 "idle_proposals": 4 if mode == bench.ON else 0,
                 "idle_seconds": 0.002 if mode == bench.ON else 0.0,
+                "idle_method_seconds": 0.0012 if mode == bench.ON else 0.0,
                 "empty_passes": cycle if mode == bench.ON else 0,
                 "empty_pass_seconds": 0.03 * cycle if mode == bench.ON else 0.0}
 
@@ -93,9 +94,10 @@ def test_bench_interleaved_renders_a_saved_run_again(tmp_path, isolated):
     assert "| 80 (40) | 0 (0) |" in on
     again = next(line for line in text.splitlines() if "A/A control" in line)
     assert "| 1.00 (1.00-1.00) |" in again
-    # 8 idle proposals of 0.5 ms against a paused decode step of 500 ms
+    # 8 idle proposals of 0.5 ms (0.3 ms of it the method's) against a 500 ms step
     assert ("- swift: the proposer took 0.50 ms a step in the 8 drafting-span steps where it "
-            "drafted nothing: 0.10% of a paused decode step (median 500.0 ms); 1 steps ran "
+            "drafted nothing: 0.10% of a paused decode step (median 500.0 ms), of which "
+            "0.30 ms the method's own work (before_draft); 1 steps ran "
             "a draft pass that drafted nothing, 30.00 ms each") in text
 
 

@@ -776,6 +776,7 @@ def test_the_proposer_counts_a_stopped_chain_as_rejected_where_it_stopped():
     rates = acceptance.rates()[:2].tolist()
     assert before == [0.5, 0.5] and rates[1] < 0.3  # positions past the gate pay less
     # A step whose pass drafted nothing for anyone is an empty pass, not idle.
-    proposer.stats.record_idle(0.002, ran_a_pass=True)
-    proposer.stats.record_idle(0.001)
+    proposer.stats.record_nothing_drafted(0.002, ran_a_pass=True)
+    proposer.stats.record_nothing_drafted(0.001, method_seconds=0.0004)
     assert proposer.stats.num_empty_passes == 1 and proposer.stats.num_idle_proposals == 1
+    assert (proposer.stats.idle_seconds, proposer.stats.idle_method_seconds) == (0.001, 0.0004)

@@ -151,7 +151,9 @@ class SelfDraftProposer:
         start = time.perf_counter()
         self._observe_verified_step(runner, sampled_token_ids, scheduler_output, start)
         requests = self.engine.select_requests(runner, sampled_token_ids)
+        method_start = time.perf_counter()
         self.before_draft(runner, requests)
+        method_seconds = time.perf_counter() - method_start
         room = requests.budget  # draft tokens each request has room for
         copied = self._lookup(runner, requests)  # [num_drafting] drafts from the context
         decision = self._decide(requests, copied, room, scheduler_output)
@@ -172,7 +174,8 @@ class SelfDraftProposer:
         self._last_end = time.perf_counter()
         self.stats.propose_seconds += self._last_end - start
         if not self._last_drafted:
-            self.stats.record_idle(self._last_end - start, ran_a_pass=result.num_forward_steps > 0)
+            self.stats.record_nothing_drafted(self._last_end - start, result.num_forward_steps > 0,
+                                              method_seconds)
         return result
 
     def _draft_step(self, runner, requests: DraftRequests, copied, room,

@@ -84,6 +84,10 @@ class ProposerStats:
         # what the proposer costs a step where it does not pay.
         self.num_idle_proposals = 0
         self.idle_seconds = 0.0
+        # Of idle_seconds, the method's own per-step work (its before_draft:
+        # SWIFT's optimizer and scoring passes, CLaSp's DP), the rest being the
+        # shared proposer's (lookup, the cost model, bookkeeping).
+        self.idle_method_seconds = 0.0
         # Proposals whose draft pass ran and drafted nothing (every chain
         # stopped before its first token), and their seconds: a draft that did
         # not pay, not the proposer's overhead.
@@ -103,15 +107,18 @@ class ProposerStats:
         self.num_rows_run += result.num_rows_run
         self.draft_seconds += seconds
 
-    def record_idle(self, seconds: float, ran_a_pass: bool = False) -> None:
+    def record_nothing_drafted(self, seconds: float, ran_a_pass: bool = False,
+                               method_seconds: float = 0.0) -> None:
         """A proposal that drafted nothing: idle, or an empty pass if a draft
-        pass ran."""
+        pass ran. `method_seconds`: the part of `seconds` the method's own
+        per-step work took."""
         if ran_a_pass:
             self.num_empty_passes += 1
             self.empty_pass_seconds += seconds
         else:
             self.num_idle_proposals += 1
             self.idle_seconds += seconds
+            self.idle_method_seconds += method_seconds
 
     def record_verified(self, drafted: int, accepted: int, source: str) -> None:
         counts = self.verified[source]
