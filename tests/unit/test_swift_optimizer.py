@@ -342,7 +342,7 @@ class _FakeClockRun:
     """A SwiftOptimizer whose engine steps and scoring passes take STEP_S and
     SCORE_S on a fake clock, with max_optimizer_share SHARE."""
 
-    def __init__(self, monkeypatch):
+    def __init__(self, monkeypatch, context_window=128):
         from vllm_layerskip.methods.swift import optimizer as swift_module
 
         self.clock = 0.0
@@ -354,7 +354,8 @@ class _FakeClockRun:
                 run.clock += SCORE_S
                 return super().score(runner, windows, mask)
 
-        self.search = SwiftOptimizer(options(context_window=128, max_score_tokens=128,
+        self.search = SwiftOptimizer(options(context_window=context_window,
+                                             max_score_tokens=context_window,
                                           patience=1000, max_optimizer_share=SHARE),
                                   NUM_LAYERS, IDENTITY)
         self.engine, self.runner = SlowEngine(constant=0.5), FakeRunner()
@@ -379,6 +380,18 @@ def test_optimizer_share_cap_allows_no_burst_of_saved_up_time(monkeypatch):
     allowed = SHARE * (CREDIT_WINDOW_S + steps * STEP_S) / SCORE_S + 1
     assert 1 <= run.engine.calls <= allowed, (run.engine.calls, allowed)
     assert run.search.budget_skips > 0
+
+
+def test_the_first_scoring_pass_waits_for_a_full_budget(monkeypatch):
+    """A short request must not pay a scoring pass at once: the first waits
+    until the share has earned what two engine steps take (0.2 s at a 0.1
+    share: 2 s of steps here), although text to score is there after 8 steps."""
+    run = _FakeClockRun(monkeypatch, context_window=8)
+    run.steps(18)
+    assert run.search.phase == "optimizing" and run.engine.calls == 0
+    assert run.search.budget_skips > 0
+    run.steps(4)
+    assert run.engine.calls > 0
 
 
 def test_optimizer_thread_cpu_time_counts_against_the_share(monkeypatch):

@@ -4,13 +4,20 @@ candidate scoring and Bayesian optimization, CLaSp's DP).
 Both run on the cores that decode, so every second they compute is taken from
 decoding. The budget is a share of the engine's busy time, kept as a token
 bucket: each engine step adds `share` of the time since the last step, the
-optimizer's work is charged when it is done (a run may overdraw; the next one
-waits until it is repaid), and at most what the share earns in
-CREDIT_WINDOW_S of engine time can be saved up, so time unused while optimizing
-was impossible (no text to score, drafting off) is not spent later in one burst
-of slow steps. (A fixed 0.5 s bucket, right for the old 0.1 share, let CLaSp's
-DP take 8% of a short 8-request workload at a 0.01 share: it had saved up
-0.5 s over the batch-1 workload before.)
+optimizer's work is charged when it is done, and a due run goes ahead only
+when the credit covers its expected cost (what the last run cost), so runs keep
+the share's pace from the start. (Allowed at any credit >= 0, SWIFT's first
+~60 ms scoring pass on SmolLM2 ran at once and overdrew, and the next ones came
+as soon as each overdraft was repaid: its own work was 0.33 ms of every
+drafting-free step over 1.5 minutes against 0.10 ms over 5,
+benchmarks/results/2026-12-07/interleaved_20261207-002127.md.)
+
+At most what the share earns in CREDIT_WINDOW_S of engine time (or one run, if
+that costs more) can be saved up, so time unused while optimizing was
+impossible (no text to score, drafting off) is not spent later in one burst of
+slow steps. (A fixed 0.5 s bucket, right for the old 0.1 share, let CLaSp's DP
+take 8% of a short 8-request workload at a 0.01 share: it had saved up 0.5 s
+over the batch-1 workload before.)
 
 Callers pass times in, so their own clocks (and tests' fake ones) decide.
 """
@@ -31,12 +38,28 @@ IDLE_SLOWDOWN = 8
 
 
 class OptimizerBudget:
-    def __init__(self, share: float):
+    def __init__(self, share: float, first_run_steps: float = 0.0):
+        """`first_run_steps`: what the first run is expected to cost, in engine
+        steps of the mean length so far (the credit it waits for); later runs
+        are expected to cost what the last did."""
         self.share = share  # (0, 1]; 1: no cap
-        self.max_credit = share * CREDIT_WINDOW_S
+        self.first_run_steps = first_run_steps
+        self.last_run: float | None = None  # seconds
         self.credit = 0.0  # seconds of optimizer work the cap allows now
         self.busy_seconds = 0.0  # engine time counted so far
+        self.busy_steps = 0
         self._last_step: float | None = None
+
+    @property
+    def expected_run(self) -> float:
+        if self.last_run is not None:
+            return self.last_run
+        mean_step = self.busy_seconds / self.busy_steps if self.busy_steps else 0.0
+        return self.first_run_steps * mean_step
+
+    @property
+    def max_credit(self) -> float:
+        return max(self.share * CREDIT_WINDOW_S, self.expected_run)
 
     def step(self, now: float, learning: bool = True) -> None:
         """Once per engine step, with the caller's clock; `learning`: whether
@@ -45,6 +68,7 @@ class OptimizerBudget:
         if self._last_step is not None:
             busy = min(now - self._last_step, MAX_STEP_GAP_S)
             self.busy_seconds += busy
+            self.busy_steps += 1
             rate = 1.0 if learning else 1.0 / IDLE_SLOWDOWN
             self.credit = min(self.credit + rate * self.share * busy, self.max_credit)
         self._last_step = now
@@ -57,9 +81,14 @@ class OptimizerBudget:
         drafting spans' steps at a 0.01 share."""
         self._last_step = None
 
-    def charge(self, seconds: float) -> None:
+    def charge(self, seconds: float, run: bool = True) -> None:
+        """`run`: `seconds` is one optimizer run's cost, what the next run is
+        expected to cost; False for work between runs (SWIFT's thread)."""
         self.credit -= seconds
+        if run:
+            self.last_run = seconds
 
     def allows(self) -> bool:
-        """Whether a due optimizer run may go ahead now."""
-        return self.share >= 1.0 or self.credit >= 0
+        """Whether a due optimizer run may go ahead now: the credit covers its
+        expected cost."""
+        return self.share >= 1.0 or self.credit >= self.expected_run
