@@ -214,8 +214,12 @@ def start_servers(group, g, args, model, env, out_dir, commands, failed) -> dict
                         + (f"VLLM_CPU_OMP_THREADS_BIND={bind} " if bind else "") + shlex.join(cmd))
         log_path = os.path.join(out_dir, f"server_g{g}_{port}.log")
         print(f"starting {name} on port {port}: {shlex.join(cmd[1:])}", flush=True)
+        server_env = env
+        if config.family not in ("plain", "control"):  # the proposer's status, at the end
+            from vllm_layerskip.core.proposer_stats import STATUS_FILE_ENV  # imports vLLM
+            server_env = {**env, STATUS_FILE_ENV: status_path(out_dir, name)}
         proc = subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True)
+                                env=server_env, start_new_session=True)
         servers[name] = (proc, port, log_path, config.family)
     for name, (proc, port, log_path, _) in list(servers.items()):
         try:
@@ -227,6 +231,48 @@ def start_servers(group, g, args, model, env, out_dir, commands, failed) -> dict
             stop(proc)
             del servers[name]
     return servers
+
+
+def status_path(out_dir: str, name: str) -> str:
+    return os.path.join(out_dir, f"status_{re.sub(r'[^A-Za-z0-9.=-]+', '_', name)}.json")
+
+
+def cost_model_checks(servers, out_dir: str) -> dict:
+    """Each speculative server's cost-model figures from its last status
+    (VLLM_LAYERSKIP_STATUS_FILE, rewritten after every step): what it weighed
+    against what drafting steps took, per batch-size bucket, and how often it
+    drafted. Servers without the plugin's status (vLLM's own methods) are left out."""
+    checks = {}
+    for name, (_, _, _, family) in servers.items():
+        path = status_path(out_dir, name)
+        if family in ("plain", "control") or not os.path.exists(path):
+            continue
+        with open(path) as f:
+            cost_model = json.load(f).get("cost_model")
+        if cost_model:
+            keep = ("steps", "drafting_fraction", "lookup_steps", "lookup_steps_prefilling",
+                    "verify_ms", "draft_ms", "predicted_against_measured")
+            checks[name] = {k: cost_model.get(k) for k in keep}
+    return checks
+
+
+def cost_model_lines(checks: dict) -> list[str]:
+    """The report's lines: per server and batch-size bucket, drafting steps'
+    verify seconds and draft forwards' seconds, predicted and measured."""
+    lines = []
+    for name, c in checks.items():
+        pam = c.get("predicted_against_measured") or {}
+        parts = []
+        for kind in ("verify", "draft"):
+            for bucket, v in (pam.get(kind) or {}).items():
+                if v["steps"]:
+                    parts.append(f"{kind} at {bucket} requests {v['predicted_ms']:.1f} ms predicted, "
+                                 f"{v['measured_ms']:.1f} measured ({v['steps']} steps)")
+        lines.append(f"- {name}: self-drafted in {100 * (c.get('drafting_fraction') or 0):.1f}% of "
+                     f"{c.get('steps')} steps, copies in {c.get('lookup_steps')} "
+                     f"({c.get('lookup_steps_prefilling')} of them beside prompt chunks); "
+                     + ("; ".join(parts) or "no drafting step measured"))
+    return lines
 
 
 # ---- prompts ---------------------------------------------------------------------
@@ -514,6 +560,10 @@ def render(run: dict) -> tuple[str, list[dict]]:
         lines += stops_paying(rows, length) or ["- no speculative configuration measured"]
         lines.append("")
     lines += [interval_note(rows), ""]
+    if run.get("cost_model"):
+        lines += ["The cost model at the end of the run (each server's last status; buckets by "
+                  "requests in the step; prediction made before the step's measurement joined "
+                  "the estimate):", ""] + cost_model_lines(run["cost_model"]) + [""]
     failed = run.get("failed") or []
     if isinstance(failed, dict):
         failed = [f"{k}: {v}" for k, v in failed.items()]
@@ -636,7 +686,7 @@ def main() -> None:
     bind_every_core(env)  # each server's worker gets every core of a small machine, as in bench_methods
     env = with_iomp_preloaded(env)
 
-    commands, failed, records = [], [], []
+    commands, failed, records, checks = [], [], [], {}
     skipped = {c.name: c.skip_reason for c in configs if not c.runs}
     for name, why in skipped.items():
         print(f"skipped {name}: {why}", flush=True)
@@ -648,13 +698,14 @@ def main() -> None:
         try:
             run_sweep(servers, g, args, model, prompt_files, out_dir, env, commands,
                       failed, records)
+            checks.update(cost_model_checks(servers, out_dir))
         finally:
             for proc, _, _, _ in servers.values():
                 stop(proc)
 
     run = {"args": vars(args), "model": model, "stamp": stamp, "groups": len(groups),
            "command": " ".join(["bench_serve.py", *sys.argv[1:]]), "commands": commands,
-           "records": records, "skipped": skipped, "failed": failed}
+           "records": records, "skipped": skipped, "failed": failed, "cost_model": checks}
     write_report(out_dir, run)
     print(f"\nsaved {out_dir}.md/.json/.png, logs, prompts and vLLM result files in {out_dir}/")
 

@@ -278,6 +278,29 @@ def test_bench_serve_renders_a_sweep_from_its_json(tmp_path, isolated):
     assert "Interval: the lowest and highest of the per-round speedups" in text
 
 
+def test_bench_serve_reports_the_cost_models_predictions_against_measurements(tmp_path, isolated):
+    """Each speculative server's last status (VLLM_LAYERSKIP_STATUS_FILE) is
+    read at the end of its group: the report says, per batch-size bucket, what
+    the cost model predicted drafting steps would take and what they took."""
+    bench = load("bench_serve")
+    pam = {"verify": {"16": {"steps": 40, "predicted_ms": 310.2, "measured_ms": 352.9}},
+           "draft": {"16": {"steps": 3, "predicted_ms": 170.0, "measured_ms": 181.5}}}
+    status = {"method": "quantized", "cost_model": {
+        "steps": 900, "drafting_fraction": 0.08, "lookup_steps": 700, "lookup_steps_prefilling": 90,
+        "verify_ms": {},
+        "draft_ms": {}, "predicted_against_measured": pam, "acceptance_by_position": [0.5]}}
+    (tmp_path / "status_quantized.json").write_text(json.dumps(status))
+    servers = {"plain": (None, 0, "", "plain"), "quantized": (None, 0, "", "spec"),
+               "ngram": (None, 0, "", "spec")}  # vLLM's own method: no status file
+    checks = bench.cost_model_checks(servers, str(tmp_path))
+    assert list(checks) == ["quantized"] and "acceptance_by_position" not in checks["quantized"]
+    assert bench.cost_model_lines(checks) == [
+        "- quantized: self-drafted in 8.0% of 900 steps, copies in 700 (90 of them beside prompt "
+        "chunks); verify at 16 requests "
+        "310.2 ms predicted, 352.9 measured (40 steps); draft at 16 requests 170.0 ms "
+        "predicted, 181.5 measured (3 steps)"]
+
+
 def test_long_prompts_land_near_the_asked_length(tmp_path):
     """Code to edit and documents to answer from, alternating, each within 10% of
     the asked token count (SmolLM2's tokenizer where it is prepared, else words

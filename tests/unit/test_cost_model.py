@@ -511,6 +511,32 @@ def test_a_price_per_drafting_step_keeps_short_copies_off_where_they_do_not_pay(
     assert policy_after(0.1, False).choose_with_lookup(8, False, num_lookup=8)[0] == 1
 
 
+def test_status_compares_predicted_with_measured_costs_of_drafting_steps():
+    """The status says how far the costs weighed were from what drafting steps
+    then took, per batch-size bucket: here the line learned from plain steps
+    and cheap drafting steps of 16 requests (0.30 s + 5 ms a token), then
+    drafting steps twice as slow as it predicts (a load the line missed)."""
+    policy = DraftLengthPolicy(max_k=4)
+    for extra in (0, 0, 4, 8) * 4:
+        policy.observe_verify(16 + extra, 0.30 + 0.005 * extra, num_reqs=16)
+    before = policy.summary()["predicted_against_measured"]["verify"][16]
+    assert before["steps"] == 8 and before["predicted_ms"] == pytest.approx(
+        before["measured_ms"], rel=0.05)  # off only while the line has few samples
+    for _ in range(4):  # 32 tokens: predicted ~0.38 s, measured twice that
+        policy.observe_verify(32, 0.76, num_reqs=16)
+    after = policy.summary()["predicted_against_measured"]["verify"][16]
+    assert after["steps"] == 12
+    predicted = (12 * after["predicted_ms"] - 8 * before["predicted_ms"]) / 4
+    measured = (12 * after["measured_ms"] - 8 * before["measured_ms"]) / 4
+    assert measured == pytest.approx(760, abs=1) and predicted < 0.75 * measured, after
+    assert 9 not in policy.summary()["predicted_against_measured"]["verify"]
+    # Draft forwards: the first has no prediction to compare with.
+    policy.observe_draft(16, 0.1)
+    policy.observe_draft(16, 0.2)
+    assert policy.summary()["predicted_against_measured"]["draft"] == {
+        16: {"steps": 1, "predicted_ms": 100.0, "measured_ms": 200.0}}
+
+
 # ---- acceptance evidence fades while drafting is off -------------------------
 
 

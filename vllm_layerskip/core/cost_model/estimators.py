@@ -65,6 +65,28 @@ class PositionAcceptance:
         return np.array(rates)
 
 
+class PredictionCheck:
+    """How the costs the decision weighed compared with what the step then
+    took: mean predicted and measured seconds, the prediction made before the
+    measurement joined the estimate. A bias at some load (the verify line of 16
+    requests too cheap, say) shows in the status, not only as a lost speedup."""
+
+    def __init__(self):
+        self.count = 0
+        self.predicted = 0.0
+        self.measured = 0.0
+
+    def add(self, predicted: float, measured: float) -> None:
+        self.count += 1
+        self.predicted += predicted
+        self.measured += measured
+
+    def as_dict(self) -> dict:
+        n = max(self.count, 1)
+        return {"steps": self.count, "predicted_ms": round(1000 * self.predicted / n, 1),
+                "measured_ms": round(1000 * self.measured / n, 1)}
+
+
 class DraftCost:
     """Seconds of one draft forward against the rows it runs: the median of the
     last `window` samples of each size bucket (rows rounded up to a power of

@@ -37,6 +37,7 @@ from vllm_layerskip.core.cost_model.continuation import best_continuation
 from vllm_layerskip.core.cost_model.estimators import (
     DraftCost,
     PositionAcceptance,
+    PredictionCheck,
     argmax_length,
     expected_tokens,
 )
@@ -100,6 +101,10 @@ class DraftLengthPolicy:
         # One verify-cost line per batch-size bucket (verify_line).
         self.verify_costs: dict[int, VerifyCost] = {}
         self.draft_cost = DraftCost()
+        # Per batch-size bucket: drafting steps' verify seconds and draft
+        # forwards' seconds, predicted against measured (summary()).
+        self.verify_checks: dict[int, PredictionCheck] = {}
+        self.draft_checks: dict[int, PredictionCheck] = {}
         self.steps_since_lookup_probe = 0
         self.steps_since_probe = 0
         self.current_probe_interval = self.probe_interval
@@ -111,6 +116,7 @@ class DraftLengthPolicy:
         self.draft_length_sum = 0
         self.lookup_steps = 0
         self.lookup_length_sum = 0
+        self.lookup_steps_prefilling = 0  # of those, steps that also ran prompt chunks
         self.continuation_steps = 0  # steps that continued copies with a self-draft
         self.copies_passed_over = 0  # steps whose copies gave way to self-drafts
         self._last_bucket = 1
@@ -143,10 +149,16 @@ class DraftLengthPolicy:
         # not the cost of the step.
         if predicted is not None and len(line) >= 8 and seconds > 5 * predicted:
             return
+        if drafting and predicted is not None:
+            bucket = 1 << (max(int(num_reqs), 1) - 1).bit_length()
+            self.verify_checks.setdefault(bucket, PredictionCheck()).add(predicted, seconds)
         line.add(num_tokens, seconds, drafting)
 
     def observe_draft(self, num_rows: float, seconds_per_forward: float) -> None:
         """A draft forward for `num_rows` rows took `seconds_per_forward`."""
+        if len(self.draft_cost):
+            self.draft_checks.setdefault(DraftCost.bucket_of(num_rows), PredictionCheck()).add(
+                self.draft_cost.predict(num_rows), seconds_per_forward)
         self.draft_cost.drop_slower(num_rows, DRAFT_RESTART * seconds_per_forward)
         self.draft_cost.add(num_rows, seconds_per_forward)
 
@@ -272,6 +284,7 @@ class DraftLengthPolicy:
             return 0, self._choose(num_reqs, prefilling, (0.0, 0))
         self.lookup_steps += 1
         self.lookup_length_sum += lookup
+        self.lookup_steps_prefilling += prefilling
         return lookup, self._choose(num_reqs - num_lookup, prefilling, others)
 
     def _self_drafts_win(self, num_reqs: int, num_lookup: int, lookup: int,

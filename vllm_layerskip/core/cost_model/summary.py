@@ -15,6 +15,7 @@ def policy_summary(policy) -> dict:
         ),
         "acceptance_by_position": [round(float(r), 3) for r in policy.acceptance.rates()],
         "lookup_steps": policy.lookup_steps,
+        "lookup_steps_prefilling": policy.lookup_steps_prefilling,
         "mean_lookup_length": (
             policy.lookup_length_sum / policy.lookup_steps if policy.lookup_steps else 0.0
         ),
@@ -38,4 +39,10 @@ def policy_summary(policy) -> dict:
             for bucket in sorted(policy.verify_costs) if len(policy.draft_cost)
         },
         "draft_samples": len(policy.draft_cost),
+        # Per bucket: drafting steps' verify and draft forwards' seconds, as
+        # predicted when they were decided against as measured.
+        "predicted_against_measured": {
+            "verify": {b: c.as_dict() for b, c in sorted(policy.verify_checks.items())},
+            "draft": {b: c.as_dict() for b, c in sorted(policy.draft_checks.items())},
+        },
     }
