@@ -61,8 +61,9 @@ class SwiftOptions(DraftingOptions):
     max_optimizer_share: float = 0.01
     """Most of the engine's busy time spent optimizing: scoring candidates, plus
     the CPU time of the optimizer thread (Gaussian process); an optimization
-    step that would exceed it waits. Enforced over short stretches (unused time
-    is saved up only to what the share earns in 5 s), not only on average. 1 = score every
+    step waits until the share has earned what the last one cost. Enforced over
+    short stretches (unused time is saved up only to what the share earns in 5 s),
+    not only on average. 1 = score every
     step (the paper's setting). Keeps optimizing from making serving slower than
     plain decoding (at 0.03, swift ran at 0.92-0.94x plain in 6 of 13 Spec-Bench
     categories here, benchmarks/results/2026-11-24/bench_20261124-021213.md)."""
