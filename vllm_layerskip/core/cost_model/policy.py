@@ -150,8 +150,8 @@ class DraftLengthPolicy:
         if predicted is not None and len(line) >= 8 and seconds > 5 * predicted:
             return
         if drafting and predicted is not None:
-            bucket = 1 << (max(int(num_reqs), 1) - 1).bit_length()
-            self.verify_checks.setdefault(bucket, PredictionCheck()).add(predicted, seconds)
+            self.verify_checks.setdefault(DraftCost.bucket_of(num_reqs), PredictionCheck()).add(
+                predicted, seconds)
         line.add(num_tokens, seconds, drafting)
 
     def observe_draft(self, num_rows: float, seconds_per_forward: float) -> None:
