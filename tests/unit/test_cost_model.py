@@ -479,6 +479,40 @@ def test_verify_cost_is_the_tokens_only_line_until_the_price_can_be_told_apart()
     assert windowed.drafting_price == pytest.approx(0.1)
 
 
+def test_drafting_steps_rarer_than_the_window_correct_their_own_prediction():
+    """16 requests: plain steps of 9-16 requests on one line, a drafting step
+    (16 requests + 8 drafts) every 200 steps costing 1.3x what that line says,
+    as a spaced-out probe does: the 128-step window holds none of them when the
+    next one comes, and the line alone predicts each 1.3x too cheap."""
+    def plain(n):
+        return 0.124 + 0.0207 * n
+
+    cost, errors = VerifyCost(), []
+    for i in range(1, 1401):
+        if i % 200:
+            cost.add(9 + i % 8, plain(9 + i % 8))
+            continue
+        measured = 1.3 * plain(24)
+        errors.append(measured / cost.predict(24, drafting=True))
+        cost.add(24, measured, drafting=True)
+        # In the window the fit prices the step itself: no factor on top.
+        assert cost.predict(24, drafting=True) == pytest.approx(measured, rel=0.01)
+    assert errors[0] == pytest.approx(1.3, rel=0.02)
+    assert all(a > b for a, b in zip(errors, errors[1:])) and errors[-1] < 1.08, errors
+    assert cost.drafting_bias > 1.2
+    assert cost.predict(16) == pytest.approx(plain(16), rel=1e-6)  # plain steps untouched
+    # Drafting steps in every window: the fit learns their price, no factor.
+    frequent = VerifyCost()
+    for i in range(1, 1401):
+        n = 9 + i % 8
+        if i % 4:
+            frequent.add(n, plain(n))
+        else:
+            frequent.add(n + 8, plain(n) + 0.035 * 8 + 0.01, drafting=True)
+    assert frequent.drafting_bias == 1.0
+    assert frequent.predict(24, drafting=True) == pytest.approx(plain(16) + 0.29, rel=0.02)
+
+
 def test_a_price_per_drafting_step_keeps_short_copies_off_where_they_do_not_pay():
     # 8 requests, copies accepted at 60% per position, a plain step 0.38 s and
     # +0.02 s per extra token. Without a price per drafting step one copied
@@ -506,7 +540,7 @@ def test_a_price_per_drafting_step_keeps_short_copies_off_where_they_do_not_pay(
     priced = policy_after(0.1, True)
     assert priced.choose_with_lookup(8, False, num_lookup=8)[0] == 0
     assert priced.summary()["verify_ms"][8] == {"plain": 380.0, "per_token": 20.0,
-                                                "drafting_price": 100.0}
+                                                "drafting_price": 100.0, "drafting_bias": 1.0}
     assert priced.summary()["draft_ms"] == {}  # no draft pass timed
     assert policy_after(0.1, False).choose_with_lookup(8, False, num_lookup=8)[0] == 1
 

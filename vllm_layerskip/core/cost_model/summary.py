@@ -26,12 +26,14 @@ def policy_summary(policy) -> dict:
         "copies_passed_over": policy.copies_passed_over,
         # Per batch-size bucket: a plain step's verify seconds, what each
         # more token costs it and what a step that verifies drafts pays on
-        # top of its tokens (VerifyCost); a draft pass for that many
+        # top of its tokens, and the factor by which drafting steps took
+        # longer than the line said lately (VerifyCost); a draft pass for that many
         # requests. What the decision weighs, for a reader of the status.
         "verify_ms": {
             bucket: {"plain": round(1000 * (line.predict(bucket) or 0.0), 1),
                      "per_token": round(1000 * line.per_token, 2),
-                     "drafting_price": round(1000 * line.drafting_price, 1)}
+                     "drafting_price": round(1000 * line.drafting_price, 1),
+                     "drafting_bias": round(line.drafting_bias, 3)}
             for bucket, line in sorted(policy.verify_costs.items()) if len(line)
         },
         "draft_ms": {

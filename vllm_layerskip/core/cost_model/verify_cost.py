@@ -4,10 +4,13 @@ sums over a window, in Python floats (this runs every engine step).
 
 A verify sample far off its line is clipped before it enters the fit
 (VERIFY_CLIP), so that one slow step (another process, the OS) does not move it.
+A drafting step's prediction is corrected by how far the line's predictions
+of earlier drafting steps fell short (VerifyCost.drafting_bias).
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 # A verify sample more than this many times off its line's prediction (either
@@ -17,6 +20,19 @@ from collections import deque
 # steps, as every sample pulls by up to 1.5x.
 VERIFY_CLIP = 1.5
 VERIFY_CLIP_AFTER = 8
+# The drafting-step correction (VerifyCost.drafting_bias), for a window that
+# holds no drafting step: then the line is fit on plain steps alone and a
+# drafting step's cost is its extrapolation. Under vllm serve at 16 requests
+# drafting steps were a few probes and copies among ~200 steps, spaced out
+# beyond the 128-step window, and that extrapolation put them 23% too cheap (846
+# ms measured against 689, 11 steps; at 1-8 requests within 2-9%:
+# benchmarks/results/2026-12-07/serve_20261207-043147.md). Each such step's
+# measured over predicted seconds (clipped to VERIFY_CLIP either way) weighs 1,
+# earlier ones fade by BIAS_FADE a step (~20 steps of memory), and BIAS_PRIOR
+# steps at ratio 1 stand beside them, so that one odd step moves it by a few
+# percent. With a drafting step in the window the fit prices it (s): no factor.
+BIAS_FADE = 0.95
+BIAS_PRIOR = 2.0
 
 
 class LinearCost:
@@ -122,10 +138,19 @@ class VerifyCost:
         self._sums = [0.0, 0.0, 0.0]  # sum d, sum d*x, sum d*y over the window (d: 0/1)
         self._added = 0
         self._fit: tuple[float, float, float] | None = None  # (v0, v1, s)
+        self._log_bias = 0.0  # faded sum of log(measured / predicted), drafting steps
+        self._bias_weight = 0.0
+        self.drafting_bias = 1.0
 
     def add(self, size: float, seconds: float, drafting: bool = False) -> None:
         if len(self) >= VERIFY_CLIP_AFTER:
-            predicted = self.predict(size, drafting)
+            predicted = self._predict(size, drafting)
+            if drafting and self._sums[0] < 0.5:  # no drafting step in the window
+                ratio = min(max(seconds / predicted, 1 / VERIFY_CLIP), VERIFY_CLIP)
+                self._log_bias = BIAS_FADE * self._log_bias + math.log(ratio)
+                self._bias_weight = BIAS_FADE * self._bias_weight + 1.0
+                self.drafting_bias = math.exp(
+                    self._log_bias / (self._bias_weight + BIAS_PRIOR))
             seconds = min(max(seconds, predicted / VERIFY_CLIP), predicted * VERIFY_CLIP)
         if len(self.drafting) == self.drafting.maxlen:
             self._accumulate(*self.tokens_only.samples[0], self.drafting[0], sign=-1.0)
@@ -192,9 +217,20 @@ class VerifyCost:
         return v0, v1, s
 
     def predict(self, size: float, drafting: bool = False) -> float | None:
+        """Seconds of a step of `size` tokens; with no drafting step in the
+        window, a drafting step's is the plain steps' line times drafting_bias."""
         # Read ~14 times a step by the policy: no call beyond the cached fit.
         if not self.tokens_only.samples:
             return None
+        v0, v1, s = self._fit or self._line()
+        if not drafting:
+            return max(v0 + v1 * size, 1e-6)
+        if self._sums[0] < 0.5:
+            return max(v0 + v1 * size, 1e-6) * self.drafting_bias
+        return max(v0 + v1 * size + s, 1e-6)
+
+    def _predict(self, size: float, drafting: bool) -> float:
+        """The line's own prediction, without the drafting correction."""
         v0, v1, s = self._fit or self._line()
         return max(v0 + v1 * size + (s if drafting else 0.0), 1e-6)
 
