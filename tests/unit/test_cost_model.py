@@ -344,6 +344,35 @@ def test_lookup_that_is_not_accepted_is_dropped_then_probed():
     assert s["lookup_steps"] == 3 and s["lookup_acceptance_by_position"][0] < 0.05
 
 
+def test_copy_probes_space_out_where_one_costs_a_large_share_of_a_step():
+    """16 requests, 8 of them with a copy accepted at 30% per position: a copy
+    probe verifies 16 more tokens at 35 ms each beside a 455 ms step, and
+    gains ~3 tokens. Every 16 steps that would be ~6% of the time; spaced so
+    that the expected loss is PROBE_SHARE of it, ~100 steps apart. At batch 1
+    (_lookup_policy: a probe costs 4% of a step) they stay 4 steps apart."""
+    def seconds(tokens):
+        return 0.455 + 0.035 * (tokens - 16) + 0.002 * (tokens > 16)
+
+    policy = DraftLengthPolicy(4)
+    for extra in (0, 0, 0, 4, 8, 16) * 8:
+        policy.observe_verify(16 + extra, seconds(16 + extra), num_reqs=16)
+    rng = np.random.default_rng(0)
+    probes = 0
+    for _ in range(1000):
+        lookup, _ = policy.choose_with_lookup(16, False, num_lookup=8)
+        probes += lookup > 0
+        for _ in range(8 if lookup else 0):
+            accepted = 0
+            while accepted < lookup and rng.random() < 0.3:
+                accepted += 1
+            policy.observe_acceptance(lookup, accepted, lookup=True)
+        policy.observe_verify(16 + 8 * lookup, seconds(16 + 8 * lookup), num_reqs=16)
+    assert 5 <= probes <= 1000 // 80, probes
+    light = _lookup_policy(lookup_rate=0.0, self_rate=0.5, draft_cost=0.02)
+    lengths = [light.choose_with_lookup(1, False, num_lookup=1)[0] for _ in range(40)]
+    assert lengths == [0, 0, 0, 2] * 10
+
+
 def test_without_lookup_rows_the_plan_is_the_self_drafting_one():
     a = _lookup_policy(lookup_rate=0.9, self_rate=0.6, draft_cost=0.03)
     b = _lookup_policy(lookup_rate=0.9, self_rate=0.6, draft_cost=0.03)

@@ -74,6 +74,14 @@ DRAFT_RESTART = 2.0
 # whole simulated run in 6 of 8 seeds when probes doubled their interval from
 # the first one (tests/unit/test_cost_model.py).
 MIN_DRAFT_SAMPLES = 4
+# While copies do not pay, a copy probe (PROBE_LENGTH tokens for every request
+# with a match) comes every probe_interval steps, or less often where its
+# expected loss against plain decoding would exceed this share of the time
+# between probes. At batch 1 a probe costs a few percent of a step, so they
+# stay at probe_interval; under vllm serve at 16 requests it verified ~12 more
+# tokens at ~21-35 ms each beside a 455 ms step (serve_20261207-043147): every
+# 16 steps that was 2-4% of the time, where nothing drafted pays.
+PROBE_SHARE = 0.01
 
 
 class DraftPlan(NamedTuple):
@@ -217,10 +225,21 @@ class DraftLengthPolicy:
             self.steps_since_lookup_probe = 0
             return best_k, False
         self.steps_since_lookup_probe += 1
-        if self.steps_since_lookup_probe >= self.probe_interval:
+        if (self.steps_since_lookup_probe >= self.probe_interval and self.steps_since_lookup_probe
+                >= self._lookup_probe_spacing(line, num_reqs, num_lookup)):
             self.steps_since_lookup_probe = 0
             return min(PROBE_LENGTH, self.max_k), True
         return 0, False
+
+    def _lookup_probe_spacing(self, line: VerifyCost, num_reqs: int, num_lookup: int) -> float:
+        """Steps between copy probes at which a probe's expected loss against
+        plain decoding is PROBE_SHARE of the time between them."""
+        length = min(PROBE_LENGTH, self.max_k)
+        plain = line.predict(num_reqs)
+        gained = num_lookup * (expected_tokens(self.lookup_acceptance.rates(), length) - 1)
+        loss = line.predict(num_reqs + num_lookup * length, drafting=True) - plain * (
+            1 + gained / num_reqs)
+        return min(loss / (PROBE_SHARE * plain), self.max_probe_interval)
 
     def continuation_length(self, num_reqs: int, self_plan: tuple[int, int],
                             copy_lengths: np.ndarray, run_out_lengths: np.ndarray) -> int:
