@@ -28,9 +28,9 @@ VERIFY_CLIP_AFTER = 8
 # ms measured against 689, 11 steps; at 1-8 requests within 2-9%:
 # benchmarks/results/2026-12-07/serve_20261207-043147.md). Each such step's
 # measured over predicted seconds (clipped to VERIFY_CLIP either way) weighs 1,
-# earlier ones fade by BIAS_FADE a step (~20 steps of memory), and BIAS_PRIOR
-# steps at ratio 1 stand beside them, so that one odd step moves it by a few
-# percent. With a drafting step in the window the fit prices it (s): no factor.
+# earlier ones fade by BIAS_FADE at each new one (~20 such steps of memory), and
+# BIAS_PRIOR steps at ratio 1 stand beside them, so that one odd step moves it by
+# a few percent. With a drafting step in the window the fit prices it (s): no factor.
 BIAS_FADE = 0.95
 BIAS_PRIOR = 2.0
 
