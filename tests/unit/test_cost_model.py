@@ -373,6 +373,41 @@ def test_copy_probes_space_out_where_one_costs_a_large_share_of_a_step():
     assert lengths == [0, 0, 0, 2] * 10
 
 
+def test_self_draft_probes_space_out_where_one_costs_a_large_share_of_a_step(monkeypatch):
+    """clasp on Qwen2.5-Coder-1.5B at 8 requests here (interleaved_20261207-125330):
+    a plain step 288 ms, +21 ms a verified token, +23 ms a drafting step, a draft
+    forward 67 ms + 8.3 ms a row, 62% accepted: no length pays, and a probe (2
+    tokens for 4 or 8 requests) costs ~0.8-1.1 steps for its accepted tokens.
+    Probing every step of the warm-up and every 16 steps after it, a 132-step
+    run lost 6-7% (0.93-0.94x plain, 9 probes); priced, probes come ~50-130
+    steps apart after two warm-up probes (4 and 8 rows: two sizes measured)."""
+    def verify(n):
+        return 0.288 + 0.021 * (n - 8) + 0.023 * (n > 8)
+
+    def draft(rows):
+        return 0.067 + 0.0083 * rows
+
+    speeds = [realized_throughput(132, verify, draft, [0.62] * 4, 8, seed=seed)
+              / realized_throughput(132, verify, draft, [0.62] * 4, 8, fixed_k=0, seed=seed)
+              for seed in range(4)]
+    assert min(speeds) > 0.97, speeds
+    chosen = simulate(DraftLengthPolicy(4), 1000, verify, draft, [0.62] * 4, num_reqs=8)
+    probes = [i for i, k in enumerate(chosen) if k]
+    assert probes[:2] == [0, 1] and 6 <= len(probes) <= 12, probes
+    assert min(np.diff(probes[1:])) >= 40, probes
+    # Where a probe costs little the schedule is the unpriced one: batch 1,
+    # int4 drafts (a pass 0.45 of a step) accepted at 30%, off but for probes.
+    from vllm_layerskip.core.cost_model import policy as cost_model
+
+    def batch1(seed):
+        return _batch1_run(lambda n, rng: 0.042, 0.3, 400, seed)[0]
+
+    priced = [batch1(seed) for seed in range(3)]
+    monkeypatch.setattr(cost_model, "PROBE_SHARE", float("inf"))
+    assert priced == [batch1(seed) for seed in range(3)]
+    assert sum(k > 0 for k in priced[0][100:]) >= 3
+
+
 def test_without_lookup_rows_the_plan_is_the_self_drafting_one():
     a = _lookup_policy(lookup_rate=0.9, self_rate=0.6, draft_cost=0.03)
     b = _lookup_policy(lookup_rate=0.9, self_rate=0.6, draft_cost=0.03)

@@ -74,13 +74,17 @@ DRAFT_RESTART = 2.0
 # whole simulated run in 6 of 8 seeds when probes doubled their interval from
 # the first one (tests/unit/test_cost_model.py).
 MIN_DRAFT_SAMPLES = 4
-# While copies do not pay, a copy probe (PROBE_LENGTH tokens for every request
-# with a match) comes every probe_interval steps, or less often where its
-# expected loss against plain decoding would exceed this share of the time
-# between probes. At batch 1 a probe costs a few percent of a step, so they
-# stay at probe_interval; under vllm serve at 16 requests it verified ~12 more
-# tokens at ~21-35 ms each beside a 455 ms step (serve_20261207-043147): every
-# 16 steps that was 2-4% of the time, where nothing drafted pays.
+# A probe (self-draft or copy) comes every probe_interval steps, or less often
+# where its expected loss against plain decoding would exceed this share of the
+# time between probes. At batch 1 a probe costs a few percent of a step, so they
+# stay at probe_interval; under vllm serve at 16 requests a copy probe verified
+# ~12 more tokens at ~21-35 ms each beside a 455 ms step (serve_20261207-043147),
+# and at 8 requests a clasp probe (2 tokens for 4 or 8 of them) cost ~0.8-1.1
+# plain steps for its accepted tokens (interleaved_20261207-125330: 8 probes in
+# 132 steps, decode steps 0.95x paused): every 16 steps that was 2-6% of the time.
+# A self-draft probe is priced at half its cheapest recent pass
+# (_probe_draft_seconds): the first passes may be that slow, and a price read
+# from them must not keep away the probes that would correct it.
 PROBE_SHARE = 0.01
 
 
@@ -226,20 +230,38 @@ class DraftLengthPolicy:
             return best_k, False
         self.steps_since_lookup_probe += 1
         if (self.steps_since_lookup_probe >= self.probe_interval and self.steps_since_lookup_probe
-                >= self._lookup_probe_spacing(line, num_reqs, num_lookup)):
+                >= self._probe_spacing(line, num_reqs, num_lookup, min(PROBE_LENGTH, self.max_k),
+                                       0.0, self.lookup_acceptance.rates())):
             self.steps_since_lookup_probe = 0
             return min(PROBE_LENGTH, self.max_k), True
         return 0, False
 
-    def _lookup_probe_spacing(self, line: VerifyCost, num_reqs: int, num_lookup: int) -> float:
-        """Steps between copy probes at which a probe's expected loss against
-        plain decoding is PROBE_SHARE of the time between them."""
-        length = min(PROBE_LENGTH, self.max_k)
+    def _probe_spacing(self, line: VerifyCost, num_reqs: int, rows: int, length: int,
+                       draft_seconds: float, rates: np.ndarray) -> float:
+        """Steps between probes of `length` tokens for `rows` of `num_reqs`
+        requests (each draft token `draft_seconds`, 0 for a copy; accepted at
+        `rates`) at which a probe's expected loss against plain decoding is
+        PROBE_SHARE of the time between them. A line that has seen one size
+        only prices extra tokens by proportion (too dear on a GPU): no spacing."""
+        if line.single_size is not None:
+            return 0.0
         plain = line.predict(num_reqs)
-        gained = num_lookup * (expected_tokens(self.lookup_acceptance.rates(), length) - 1)
-        loss = line.predict(num_reqs + num_lookup * length, drafting=True) - plain * (
-            1 + gained / num_reqs)
+        gained = rows * (expected_tokens(rates, length) - 1)
+        loss = length * draft_seconds + line.predict(
+            num_reqs + rows * length, drafting=True) - plain * (1 + gained / num_reqs)
         return min(loss / (PROBE_SHARE * plain), self.max_probe_interval)
+
+    def _probe_draft_seconds(self, rows: int) -> float:
+        """The price of a self-draft probe's draft forward for `rows` rows: the
+        cheapest recent pass of that size over DRAFT_RESTART. A probe is there
+        to find a draft cheaper than the estimate (first passes slowed, a new
+        skip set), and a pass that much faster would restart the estimate."""
+        samples = self.draft_cost.buckets.get(DraftCost.bucket_of(rows))
+        if samples:
+            cheapest = min(y * rows / max(x, 1.0) for x, y in samples)
+        else:
+            cheapest = self.draft_cost.predict(rows)
+        return cheapest / DRAFT_RESTART
 
     def continuation_length(self, num_reqs: int, self_plan: tuple[int, int],
                             copy_lengths: np.ndarray, run_out_lengths: np.ndarray) -> int:
@@ -342,33 +364,41 @@ class DraftLengthPolicy:
             return DraftPlan(0, 0)
         line = self.verify_line(self._last_bucket)
         probe = False
-        if len(self.draft_cost) == 0 or len(line) == 0 or (
-            self.steps <= self.warmup_steps and self.draft_can_pay(num_reqs, line)
-        ):
+        rows = num_reqs
+        probe_rows = min(PROBE_ROWS * (1 + self.num_probes % 2), num_reqs)
+        if len(self.draft_cost) == 0 or len(line) == 0:
             # Nothing measured yet at this batch size: a short probe, not K.
             k, probe = min(PROBE_LENGTH, self.max_k), True
         else:
-            k = self._self_draft(line, num_reqs, others)[0]
+            # The first steps probe each step, the later ones every probe
+            # interval, each no more often than its price allows.
+            warm = self.steps <= self.warmup_steps and self.draft_can_pay(num_reqs, line)
+            k = 0 if warm else self._self_draft(line, num_reqs, others)[0]
             if k > 0:
                 self.current_probe_interval = self.probe_interval
                 self.steps_since_probe = 0
                 self.probes_off = 0
             else:
                 self.steps_since_probe += 1
-                if self.steps_since_probe >= self.current_probe_interval:
-                    # A draft no cheaper than a plain step cannot pay whatever the
-                    # acceptance: the probe only has to notice a cheaper draft
-                    # (a new skip set), and one draft token measures that.
-                    length = PROBE_LENGTH if self.draft_can_pay(num_reqs, line) else 1
-                    k, probe = min(length, self.max_k), True
+                # A draft no cheaper than a plain step cannot pay whatever the
+                # acceptance: the probe only has to notice a cheaper draft
+                # (a new skip set), and one draft token measures that.
+                length = min(PROBE_LENGTH if warm or self.draft_can_pay(num_reqs, line)
+                             else 1, self.max_k)
+                interval = 1 if warm else self.current_probe_interval
+                if self.steps_since_probe >= interval and self.steps_since_probe >= \
+                        self._probe_spacing(line, self._last_bucket, probe_rows, length,
+                                            self._probe_draft_seconds(probe_rows),
+                                            self.acceptance.rates()):
+                    k, probe = length, True
                     self.steps_since_probe = 0
-                    self.probes_off += 1
-                    if self.probes_off >= MIN_DRAFT_SAMPLES:
-                        self.current_probe_interval = min(
-                            2 * self.current_probe_interval, self.max_probe_interval)
-        rows = num_reqs
+                    if not warm:
+                        self.probes_off += 1
+                        if self.probes_off >= MIN_DRAFT_SAMPLES:
+                            self.current_probe_interval = min(
+                                2 * self.current_probe_interval, self.max_probe_interval)
         if probe:
-            rows = min(PROBE_ROWS * (1 + self.num_probes % 2), num_reqs)
+            rows = probe_rows
             self.num_probes += 1
         if k > 0:
             self.steps_drafting += 1
