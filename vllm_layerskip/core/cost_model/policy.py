@@ -23,7 +23,9 @@ probe interval doubles while probes keep confirming "off", but only once the
 draft cost at that size rests on MIN_DRAFT_SAMPLES samples: a probe is one
 observation, not a verdict. A draft forward that costs as much as a plain step
 cannot pay at any acceptance rate (draft_can_pay): then the probes draft one
-token, enough to notice a draft that got cheaper.
+token, enough to notice a draft that got cheaper. Every probe, of self-drafts
+or of copies, also waits until its expected loss is PROBE_SHARE of the time
+since the last one (_probe_spacing).
 """
 
 from __future__ import annotations
