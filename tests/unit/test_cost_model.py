@@ -408,6 +408,24 @@ def test_self_draft_probes_space_out_where_one_costs_a_large_share_of_a_step(mon
     assert sum(k > 0 for k in priced[0][100:]) >= 3
 
 
+def test_a_self_draft_probe_beside_copies_is_priced_without_the_drafting_price():
+    """A step that verifies copies has paid the price of a drafting step (here
+    0.3 s beside a 0.29 s plain step): a self-draft probe in it costs its draft
+    passes and extra tokens only. 2 tokens for 4 of 8 requests, 50 ms a draft
+    pass, 21 ms a verified token, 0.75 tokens gained a row (0.109 s): alone
+    0.1 + 0.168 + 0.3 - 0.109 = 0.459 s of loss, 158 steps apart at a 1% share;
+    beside copies 0.159 s, 55 steps."""
+    policy = DraftLengthPolicy(4)
+    for extra in (0, 0, 0, 4, 8, 16) * 8:
+        policy.observe_verify(8 + extra, 0.29 + 0.021 * extra + 0.3 * (extra > 0), num_reqs=8)
+    line = policy.verify_line(8)
+    rates = np.full(4, 0.5)
+    alone = policy._probe_spacing(line, 8, 4, 2, 0.05, rates)
+    beside_copies = policy._probe_spacing(line, 8, 4, 2, 0.05, rates, base_tokens=8 + 4 * 3)
+    assert alone == pytest.approx(0.459 / 0.0029, rel=0.02)
+    assert beside_copies == pytest.approx(0.159 / 0.0029, rel=0.02)
+
+
 def test_without_lookup_rows_the_plan_is_the_self_drafting_one():
     a = _lookup_policy(lookup_rate=0.9, self_rate=0.6, draft_cost=0.03)
     b = _lookup_policy(lookup_rate=0.9, self_rate=0.6, draft_cost=0.03)

@@ -239,18 +239,23 @@ class DraftLengthPolicy:
         return 0, False
 
     def _probe_spacing(self, line: VerifyCost, num_reqs: int, rows: int, length: int,
-                       draft_seconds: float, rates: np.ndarray) -> float:
-        """Steps between probes of `length` tokens for `rows` of `num_reqs`
-        requests (each draft token `draft_seconds`, 0 for a copy; accepted at
-        `rates`) at which a probe's expected loss against plain decoding is
-        PROBE_SHARE of the time between them. A line that has seen one size
-        only prices extra tokens by proportion (too dear on a GPU): no spacing."""
+                       draft_seconds: float, rates: np.ndarray,
+                       base_tokens: int | None = None) -> float:
+        """Steps between probes of `length` tokens for `rows` of a step's
+        `num_reqs` requests (each draft token `draft_seconds`, 0 for a copy;
+        accepted at `rates`) at which a probe's expected loss against the step
+        without it is PROBE_SHARE of the time between them. `base_tokens`: what
+        the step verifies without the probe (default one token a request; more:
+        copies, which have paid the price of a drafting step already). A line
+        that has seen one size only prices extra tokens by proportion (too dear
+        on a GPU): no spacing."""
         if line.single_size is not None:
             return 0.0
+        base = num_reqs if base_tokens is None else base_tokens
         plain = line.predict(num_reqs)
         gained = rows * (expected_tokens(rates, length) - 1)
-        loss = length * draft_seconds + line.predict(
-            num_reqs + rows * length, drafting=True) - plain * (1 + gained / num_reqs)
+        loss = (length * draft_seconds + line.predict(base + rows * length, drafting=True)
+                - line.predict(base, drafting=base > num_reqs) - plain * gained / num_reqs)
         return min(loss / (PROBE_SHARE * plain), self.max_probe_interval)
 
     def _probe_draft_seconds(self, rows: int) -> float:
@@ -391,7 +396,8 @@ class DraftLengthPolicy:
                 if self.steps_since_probe >= interval and self.steps_since_probe >= \
                         self._probe_spacing(line, self._last_bucket, probe_rows, length,
                                             self._probe_draft_seconds(probe_rows),
-                                            self.acceptance.rates()):
+                                            self.acceptance.rates(),
+                                            num_reqs + others[1]):
                     k, probe = length, True
                     self.steps_since_probe = 0
                     if not warm:
