@@ -755,6 +755,8 @@ def test_draft_cost_is_the_median_of_its_size_bucket():
         cost.add(1, seconds)
     assert cost.predict(1) == pytest.approx(0.040)
     assert cost.predict(3) == pytest.approx(0.120)  # one size known: proportional
+    # A probe's price reads the fastest pass (core/cost_model/policy.py).
+    assert cost.cheapest(1) == pytest.approx(0.039) and cost.cheapest(2) == pytest.approx(0.080)
     for seconds in (0.070, 0.071, 0.069):
         cost.add(4, seconds)
     assert cost.count_at(3) == 3 and cost.count_at(1) == 5

@@ -136,6 +136,14 @@ class DraftCost:
         """Samples in the bucket of `size`."""
         return len(self.buckets.get(self.bucket_of(size), ()))
 
+    def cheapest(self, size: float) -> float | None:
+        """The fastest recent pass of size's bucket, scaled to `size` by
+        proportion; the prediction where that bucket has no samples."""
+        samples = self.buckets.get(self.bucket_of(size))
+        if not samples:
+            return self.predict(size)
+        return min(y * size / max(x, 1.0) for x, y in samples)
+
     @property
     def sizes(self) -> list[float]:
         return [x for samples in self.buckets.values() for x, _ in samples]

@@ -231,11 +231,12 @@ class DraftLengthPolicy:
             self.steps_since_lookup_probe = 0
             return best_k, False
         self.steps_since_lookup_probe += 1
+        length = min(PROBE_LENGTH, self.max_k)
         if (self.steps_since_lookup_probe >= self.probe_interval and self.steps_since_lookup_probe
-                >= self._probe_spacing(line, num_reqs, num_lookup, min(PROBE_LENGTH, self.max_k),
-                                       0.0, self.lookup_acceptance.rates())):
+                >= self._probe_spacing(line, num_reqs, num_lookup, length, 0.0,
+                                       self.lookup_acceptance.rates())):
             self.steps_since_lookup_probe = 0
-            return min(PROBE_LENGTH, self.max_k), True
+            return length, True
         return 0, False
 
     def _probe_spacing(self, line: VerifyCost, num_reqs: int, rows: int, length: int,
@@ -263,12 +264,7 @@ class DraftLengthPolicy:
         cheapest recent pass of that size over DRAFT_RESTART. A probe is there
         to find a draft cheaper than the estimate (first passes slowed, a new
         skip set), and a pass that much faster would restart the estimate."""
-        samples = self.draft_cost.buckets.get(DraftCost.bucket_of(rows))
-        if samples:
-            cheapest = min(y * rows / max(x, 1.0) for x, y in samples)
-        else:
-            cheapest = self.draft_cost.predict(rows)
-        return cheapest / DRAFT_RESTART
+        return self.draft_cost.cheapest(rows) / DRAFT_RESTART
 
     def continuation_length(self, num_reqs: int, self_plan: tuple[int, int],
                             copy_lengths: np.ndarray, run_out_lengths: np.ndarray) -> int:
