@@ -90,7 +90,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--swift-ratio", type=float, default=None)
     p.add_argument("--clasp-ratio", type=float, default=None)
     p.add_argument("--method-options", type=json.loads, default={})
-    p.add_argument("--draft-length", nargs="+", choices=("adaptive", "fixed"), default=["adaptive"])
+    p.add_argument("--draft-length", nargs="+", choices=("adaptive", "fixed", "paused"),
+                   default=["adaptive"],
+                   help="adaptive: the cost model picks each step's draft length (the default); "
+                        "fixed: K every step; paused: the method's server with drafting paused "
+                        "from the start (the plugin loaded, nothing drafted): what a served "
+                        "method pays beside its drafts; several: one row each")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--num-prompts", type=int, default=26, help="prompts per server and cell")
     p.add_argument("--prompts-per-level", type=int, default=0, metavar="F",
@@ -211,13 +216,14 @@ def start_servers(group, g, args, model, env, out_dir, commands, failed) -> dict
         bind = env.get("VLLM_CPU_OMP_THREADS_BIND")
         commands.append(f"LD_PRELOAD={env.get('LD_PRELOAD', '')} VLLM_CPU_KVCACHE_SPACE="
                         f"{env['VLLM_CPU_KVCACHE_SPACE']} "
-                        + (f"VLLM_CPU_OMP_THREADS_BIND={bind} " if bind else "") + shlex.join(cmd))
+                        + (f"VLLM_CPU_OMP_THREADS_BIND={bind} " if bind else "")
+                        + "".join(f"{k}={v} " for k, v in config.env.items()) + shlex.join(cmd))
         log_path = os.path.join(out_dir, f"server_g{g}_{port}.log")
         print(f"starting {name} on port {port}: {shlex.join(cmd[1:])}", flush=True)
-        server_env = env
+        server_env = {**env, **config.env}
         if config.family not in ("plain", "control"):  # the proposer's status, at the end
             from vllm_layerskip.core.proposer_stats import STATUS_FILE_ENV  # imports vLLM
-            server_env = {**env, STATUS_FILE_ENV: status_path(out_dir, name)}
+            server_env[STATUS_FILE_ENV] = status_path(out_dir, name)
         proc = subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
                                 env=server_env, start_new_session=True)
         servers[name] = (proc, port, log_path, config.family)

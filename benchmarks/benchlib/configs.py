@@ -9,11 +9,14 @@ reader sees what was left out instead of a silently shorter table.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import json
 import os
 from dataclasses import dataclass, field
+
+from vllm_layerskip.core.measure import DRAFTING_PAUSED_ENV  # stdlib only: no vLLM at --help
 
 PLUGIN_METHODS = ("layer_skip", "quantized", "swift", "clasp", "self_sd", "adadecode")
 # vLLM's own methods that need no trained draft (model, heads or EAGLE layers).
@@ -36,6 +39,9 @@ METHODS = ("plain", "plain_control", *NATIVE_METHODS, *DRAFT_MODEL_METHODS, "lay
 # needs a second model prepared (and ~1.5 GiB more memory for the 0.5B in bf16).
 DEFAULT_METHODS = tuple(m for m in METHODS if m not in ("ngram_gpu", "swift_initial",
                                                         *DRAFT_MODEL_METHODS))
+# --draft-length: (speculative-config keys, label suffix) of each mode.
+DRAFT_LENGTH_MODES = {"adaptive": ({}, ""), "fixed": ({"adaptive_draft_length": False}, ", fixed K"),
+                      "paused": ({}, ", drafting paused")}
 # The draft_model's draft unless --draft-model says otherwise: a prepare-model name.
 DEFAULT_DRAFT_MODEL = "qwen2.5-coder-0.5b"
 # The options that run a method with the file the plugin ships for the model.
@@ -52,6 +58,7 @@ class Config:
     # with a second model: no "no model forward" projection) | "plugin"
     family: str = "plugin"
     extra: dict = field(default_factory=dict)  # e.g. the skip set, for the projection
+    env: dict = field(default_factory=dict)  # set in its engine's (server's) environment
 
     @property
     def runs(self) -> bool:
@@ -96,9 +103,11 @@ def build_configs(args, model_path: str) -> list[Config]:
     num_layers = model_num_layers(model_path)
     for mode in args.draft_length:
         # adaptive: the plugin's default (the cost model picks each step's draft
-        # length, 0 = no draft); fixed: K drafted every step.
-        extra, suffix = ({}, "") if mode == "adaptive" else (
-            {"adaptive_draft_length": False}, ", fixed K")
+        # length, 0 = no draft); fixed: K drafted every step; paused (servers
+        # only): the method's engine with drafting paused from the start, the
+        # plugin loaded but drafting nothing (core/measure.py DRAFTING_PAUSED_ENV).
+        extra, suffix = DRAFT_LENGTH_MODES[mode]
+        first = len(configs)
         for method in METHODS:
             if method not in wanted or method not in PLUGIN_METHODS + MATCHED_UNIFORM:
                 continue
@@ -164,6 +173,9 @@ def build_configs(args, model_path: str) -> list[Config]:
             else:  # adadecode: the exit heads shipped with the plugin
                 configs.append(Config(method + suffix, method,
                                       spec_for(method, {**base, **SHIPPED_FILE_OPTIONS[method]}), reason))
+        if mode == "paused":
+            for config in configs[first:]:
+                config.env = {DRAFTING_PAUSED_ENV: "1"}
     configs = [plain for plain in configs if plain.family != "plugin"] + with_variants(
         [c for c in configs if c.family == "plugin"], args)
     configs = with_draft_lengths(configs, getattr(args, "method_k", None) or {})
@@ -180,8 +192,8 @@ def with_draft_lengths(configs: list[Config], method_k: dict[str, list[int]]) ->
     out = []
     for config in configs:
         for k in method_k.get(config.method, []) if config.spec else []:
-            out.append(Config(config.name, config.method, {**config.spec, "num_speculative_tokens": k},
-                              config.skip_reason, config.family, dict(config.extra)))
+            out.append(dataclasses.replace(config, spec={**config.spec, "num_speculative_tokens": k},
+                                           extra=dict(config.extra)))
         if not config.spec or config.method not in method_k:
             out.append(config)
     return out
@@ -238,8 +250,8 @@ def with_variants(configs: list[Config], args) -> list[Config]:
                 if grid is not None:
                     spec["draft_weights_grid"] = grid
                     label += f", {grid} grid"
-                out.append(Config(label, config.method, spec, config.skip_reason, config.family,
-                                  dict(config.extra)))
+                out.append(dataclasses.replace(config, name=label, spec=spec,
+                                               extra=dict(config.extra)))
     return out
 
 

@@ -670,3 +670,24 @@ def test_serve_draws_a_spec_bench_sample_per_round_and_level(tmp_path):
     args.category = "math"
     files = spec_bench_files(args, str(qfile), str(tmp_path / "math"))
     assert all(int(p.split()[1]) % 2 for p in prompts((None, 0, 4)) + prompts((None, 1, 1)))
+
+
+def test_serve_runs_a_method_with_drafting_paused_as_its_own_row(tmp_path):
+    """bench_serve --draft-length paused: the method's server with the plugin
+    loaded and drafting paused from the start, beside the drafting one, with
+    the same speculative config (its --method-options included)."""
+    from bench_serve import parse_args
+    from benchlib.configs import build_configs
+
+    from vllm_layerskip.core.measure import DRAFTING_PAUSED_ENV
+
+    target = _checkpoint(tmp_path / "target", 3, {"a": 0})
+    args = parse_args(["--k", "8", "--methods", "plain", "quantized", "--draft-length",
+                       "adaptive", "paused", "--method-options",
+                       '{"quantized": {"draft_weights": "w8a8"}}'])
+    rows = {c.name: c for c in build_configs(args, target)}
+    assert list(rows) == ["plain", "quantized", "quantized, drafting paused"]
+    paused = rows["quantized, drafting paused"]
+    assert paused.env == {DRAFTING_PAUSED_ENV: "1"} and paused.spec["draft_weights"] == "w8a8"
+    assert paused.spec == rows["quantized"].spec
+    assert rows["quantized"].env == {} and rows["plain"].env == {}

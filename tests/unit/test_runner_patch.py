@@ -84,3 +84,25 @@ def test_pausing_prompt_lookup_leaves_the_self_draft_and_says_when_lookup_is_off
         set_prompt_lookup_paused(_engine_of(proposer), True)
     with pytest.raises(ValueError, match="no vllm-layerskip proposer to pause"):
         set_prompt_lookup_paused(_engine_of(None), True)
+
+
+def test_a_server_started_with_drafting_paused_drafts_nothing(monkeypatch, caplog):
+    """`vllm serve` has no collective_rpc for set_drafting_paused: the engine of a
+    server whose environment sets DRAFTING_PAUSED_ENV starts paused
+    (benchmarks/bench_serve.py --draft-length paused), and says so."""
+    from vllm_layerskip.core import proposer as base
+    from vllm_layerskip.core.measure import DRAFTING_PAUSED_ENV
+    from vllm_layerskip.core.options import DraftingOptions
+
+    monkeypatch.setattr(base, "DraftEngine", lambda config, k: None)  # no model here
+    monkeypatch.setattr(base, "get_selection", lambda spec: types.SimpleNamespace(
+        method="quantized", options=DraftingOptions()))
+    config = types.SimpleNamespace(speculative_config=types.SimpleNamespace(num_speculative_tokens=4))
+    runner = types.SimpleNamespace(input_batch=types.SimpleNamespace(req_ids=["req-1"]))
+    assert not LayerSkipProposer(config).drafting_paused
+    monkeypatch.setenv(DRAFTING_PAUSED_ENV, "1")
+    with caplog.at_level("WARNING", logger="vllm.layerskip"):
+        proposer = LayerSkipProposer(config)
+    assert proposer.drafting_paused
+    assert f"quantized: drafting paused from the start ({DRAFTING_PAUSED_ENV}=1)" in caplog.text
+    assert proposer.propose_from_runner(runner, [[5]]).token_ids == [[]]

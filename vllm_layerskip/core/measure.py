@@ -161,6 +161,13 @@ def _pause(worker, what: str, paused: bool) -> bool | None:
     return True if done is None else done
 
 
+# Set to "1" in a server's environment, its engine starts with drafting paused
+# (the proposer reads it once): `vllm serve` has no collective_rpc for
+# set_drafting_paused, and a server with the plugin loaded but drafting nothing
+# tells what a served method pays beside its drafts (benchmarks/bench_serve.py
+# --draft-length paused).
+DRAFTING_PAUSED_ENV = "VLLM_LAYERSKIP_DRAFTING_PAUSED"
+
 _NO_PROPOSER = ("this engine has no vllm-layerskip proposer to pause; start it with "
                 "a layer-skip method in speculative_config")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 
 import numpy as np
@@ -21,6 +22,7 @@ from vllm_layerskip.core.load_checks import (
     warn_if_bf16_cannot_pay,
 )
 from vllm_layerskip.core.lookup import PromptLookup
+from vllm_layerskip.core.measure import DRAFTING_PAUSED_ENV
 from vllm_layerskip.core.rank_agreement import rank_agreement
 from vllm_layerskip.core.selection import get_selection
 from vllm_layerskip.core.proposer_stats import ProposerStats, RequestBookkeeping, StatusReports
@@ -76,7 +78,11 @@ class SelfDraftProposer:
         self.bookkeeping = RequestBookkeeping()
         self.reports = StatusReports()
         # set_drafting_paused(): steps decode as plain decoding, learning nothing.
-        self.drafting_paused = False
+        # A server started with DRAFTING_PAUSED_ENV=1 starts paused (core/measure.py).
+        self.drafting_paused = os.environ.get(DRAFTING_PAUSED_ENV) == "1"
+        if self.drafting_paused:
+            logger.warning("vllm-layerskip %s: drafting paused from the start (%s=1): every "
+                           "step decodes as plain decoding", self.method, DRAFTING_PAUSED_ENV)
         # set_prompt_lookup_paused(): the method self-drafts alone (no copies).
         self.prompt_lookup_paused = False
         # Where copied drafts come from (None: no copies).
