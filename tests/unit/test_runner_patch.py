@@ -106,3 +106,11 @@ def test_a_server_started_with_drafting_paused_drafts_nothing(monkeypatch, caplo
     assert proposer.drafting_paused
     assert f"quantized: drafting paused from the start ({DRAFTING_PAUSED_ENV}=1)" in caplog.text
     assert proposer.propose_from_runner(runner, [[5]]).token_ids == [[]]
+    monkeypatch.setenv(DRAFTING_PAUSED_ENV, "0")
+    assert not LayerSkipProposer(config).drafting_paused
+    # A value that is neither: the engine does not start, and says what to set.
+    monkeypatch.setenv(DRAFTING_PAUSED_ENV, "true")
+    with pytest.raises(ValueError) as info:
+        LayerSkipProposer(config)
+    assert str(info.value) == (f"{DRAFTING_PAUSED_ENV}='true': expected 1 (start with drafting "
+                               "paused) or 0 / unset (draft); set it to one of those")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import time
 from dataclasses import dataclass
 
@@ -167,6 +168,17 @@ def _pause(worker, what: str, paused: bool) -> bool | None:
 # tells what a served method pays beside its drafts (benchmarks/bench_serve.py
 # --draft-length paused).
 DRAFTING_PAUSED_ENV = "VLLM_LAYERSKIP_DRAFTING_PAUSED"
+
+
+def drafting_paused_at_start() -> bool:
+    """Whether DRAFTING_PAUSED_ENV asks the engine to start paused ("1"; unset,
+    empty or "0": no). Any other value raises ValueError: a benchmark that
+    meant to pause and did not would measure the wrong server."""
+    value = os.environ.get(DRAFTING_PAUSED_ENV, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{DRAFTING_PAUSED_ENV}={value!r}: expected 1 (start with drafting "
+                         f"paused) or 0 / unset (draft); set it to one of those")
+    return value == "1"
 
 _NO_PROPOSER = ("this engine has no vllm-layerskip proposer to pause; start it with "
                 "a layer-skip method in speculative_config")

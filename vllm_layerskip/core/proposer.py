@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 
 import numpy as np
@@ -22,7 +21,7 @@ from vllm_layerskip.core.load_checks import (
     warn_if_bf16_cannot_pay,
 )
 from vllm_layerskip.core.lookup import PromptLookup
-from vllm_layerskip.core.measure import DRAFTING_PAUSED_ENV
+from vllm_layerskip.core.measure import DRAFTING_PAUSED_ENV, drafting_paused_at_start
 from vllm_layerskip.core.rank_agreement import rank_agreement
 from vllm_layerskip.core.selection import get_selection
 from vllm_layerskip.core.proposer_stats import ProposerStats, RequestBookkeeping, StatusReports
@@ -79,7 +78,7 @@ class SelfDraftProposer:
         self.reports = StatusReports()
         # set_drafting_paused(): steps decode as plain decoding, learning nothing.
         # A server started with DRAFTING_PAUSED_ENV=1 starts paused (core/measure.py).
-        self.drafting_paused = os.environ.get(DRAFTING_PAUSED_ENV) == "1"
+        self.drafting_paused = drafting_paused_at_start()
         if self.drafting_paused:
             logger.warning("vllm-layerskip %s: drafting paused from the start (%s=1): every "
                            "step decodes as plain decoding", self.method, DRAFTING_PAUSED_ENV)
