@@ -98,7 +98,10 @@ def test_int8_and_w8a8_share_an_entry_and_int4_grids_do_not(cache, monkeypatch):
     assert builds == ["_quantize_int4", "_quantize_int4"] and len(files(cache)) == 3
 
 
-def test_the_file_holds_4_bit_values_not_the_cpus_packed_layout(cache):
+def test_the_file_holds_4_bit_values_not_the_cpus_packed_layout(cache, monkeypatch):
+    from vllm_layerskip.core import int4_kernels
+
+    monkeypatch.setenv(int4_kernels.ENV, "torch")  # read back below in torch's scales layout
     layer = random_layer()
     copy = QuantizedLinear(layer, "int4")
     from safetensors import safe_open

@@ -13,10 +13,11 @@ token, torch 2.13): vLLM's oneDNN bf16 linears 3.27 ms a layer, torch's int8
 weight-only kernel 2.43 ms, its int4 kernel (groups of 32) 1.54 ms.
 
 Schemes (`draft_weights`):
-- "int4": asymmetric 4-bit, one scale and zero per 32 weights of a row
-  (torch's `_weight_int4pack_mm_for_cpu`); a weight whose rows are not a
-  multiple of 32 long, or whose row count is not a multiple of 16 (the
-  kernel's tiles), falls back to int8 weight-only (`_weight_int8pack_mm`).
+- "int4": asymmetric 4-bit, one scale and zero per 32 weights of a row, read
+  by the project's AVX512-VNNI kernel or torch's `_weight_int4pack_mm_for_cpu`
+  (core/int4_kernels.py says which where); a weight whose rows are not a
+  multiple of 32 long, or whose row count is not a multiple of 16 (torch's
+  tiles), falls back to int8 weight-only (`_weight_int8pack_mm`).
 - "int8" (that weight-only kernel for every weight) is deprecated: slower than
   "int4" at 1-4 tokens a pass and than "w8a8" at more (below), it never paid.
   Accepted, with a warning, for one release.
@@ -46,7 +47,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vllm_layerskip.core import draft_weights_cache, w8a8_kernels
+from vllm_layerskip.core import draft_weights_cache, int4_kernels, w8a8_kernels
 from vllm_layerskip.core.draft_layer import DraftLayer
 from vllm_layerskip.core.errors import LayerSkipConfigError
 
@@ -95,8 +96,10 @@ class QuantizedLinear:
             self.scheme = "w8a8" if scheme == "w8a8" else "int8"
             grid = None  # one symmetric scale a row: no grid to choose
         self.grid = grid
-        self.kernel = None  # w8a8's: w8a8_kernels.KERNELS
-        if self.scheme == "w8a8":
+        self.kernel = None  # int4_kernels.KERNELS or w8a8_kernels.KERNELS
+        if self.scheme == "int4":
+            self.kernel = int4_kernels.choose(self.dtype, self.out_features, self.in_features)
+        elif self.scheme == "w8a8":
             self.kernel = w8a8_kernels.choose(self.dtype, self.out_features, self.in_features)
         # What is stored is the same for int8 and w8a8 (int8 q, a scale a row),
         # and never a CPU-specific packed layout: packing is done here, at every start.
@@ -104,7 +107,9 @@ class QuantizedLinear:
         stored = draft_weights_cache.cached(
             weight, kind, grid, _GROUP,
             lambda: _quantize_int4(weight, grid) if kind == "int4" else _quantize_int8(weight))
-        if self.scheme == "int4":
+        if self.kernel == "vnni" and self.scheme == "int4":
+            self.packed, self.scales = int4_kernels.tile(stored["q"], stored["scales"])
+        elif self.scheme == "int4":
             self.packed = _pack_int4(stored["q"])
             self.scales = stored["scales"]
         elif self.scheme == "w8a8":
@@ -132,6 +137,9 @@ class QuantizedLinear:
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1]).to(self.dtype)
+        if self.kernel == "vnni" and self.scheme == "int4":  # adds the bias itself
+            out = int4_kernels.matmul(x2, self.packed, self.scales, self.out_features, self.bias)
+            return out.reshape(*shape[:-1], self.out_features)
         if self.scheme == "int4":
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, _GROUP, self.scales)
         elif self.scheme == "w8a8":

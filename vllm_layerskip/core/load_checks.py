@@ -19,8 +19,10 @@ def draft_weights_status(scheme: str | None, engine) -> dict | None:
     stack = engine.stack
     if stack is None or stack.draft is None:
         return None
-    # The kernels the copies run: a scheme's own, or w8a8's (core/w8a8_kernels.py).
-    kernels = sorted({m.kernel or m.scheme for d in stack.draft for m in d.linears.values()})
+    # The kernels the copies run, as "scheme kernel" where a scheme has several
+    # (core/int4_kernels.py, core/w8a8_kernels.py).
+    kernels = sorted({f"{m.scheme} {m.kernel}" if m.kernel else m.scheme
+                      for d in stack.draft for m in d.linears.values()})
     return {"scheme": scheme,
             "bytes": total_bytes(stack.draft) + engine.head.quantized_bytes,
             "max_tokens_per_pass": stack.draft[0].max_tokens,
