@@ -17,6 +17,7 @@ setup(
         "vllm_layerskip.methods.adadecode": ["shipped/*.heads.safetensors"],
         "vllm_layerskip.methods.swift": ["shipped/*.json"],
         "vllm_layerskip.core.draft_vocab": ["shipped/*.draft-vocab.safetensors"],
+        "vllm_layerskip.core": ["int4_vnni.c"],  # the int4 kernel, built on first use
         "vllm_layerskip.tools": ["data/*.jsonl"],
     },
     python_requires=">=3.10",

@@ -11,13 +11,41 @@ AVX512_BF16 = {"avx2", "avx512f", "avx512_bf16"}
 AVX2_ONLY = {"avx2", "fma"}
 
 
-def test_bf16_with_vnni_drafts_every_layer_on_w8a8_at_any_load():
-    for n in (1, 16):
-        r = recommend(None, "bfloat16", n, flags=AVX512_BF16 | {"avx512_vnni"}, gpu=False,
-                      has_profile=True)
+VNNI = AVX512_BF16 | {"avx512bw", "avx512vl", "avx512_vnni"}
+
+
+def test_bf16_with_vnni_drafts_on_the_int4_kernel_up_to_4_requests_and_w8a8_above():
+    for n in (1, 4):
+        r = recommend(None, "bfloat16", n, flags=VNNI, gpu=False, has_profile=True,
+                      int4_kernel=True)
         assert r.spec == {"method": "quantized", "num_speculative_tokens": 8,
-                          "draft_weights": "w8a8"}
-        assert any("AVX512-VNNI: vLLM's int8 kernel" in line for line in r.reasons)
+                          "draft_weights": "int4"}
+        assert any("the project's int4 kernel drafts a token" in line for line in r.reasons)
+    many = recommend(None, "bfloat16", 16, flags=VNNI, gpu=False, has_profile=True,
+                     int4_kernel=True)
+    assert many.spec["draft_weights"] == "w8a8"
+    assert any("16 request(s) in flight (over 4" in line for line in many.reasons)
+
+
+def test_bf16_with_vnni_but_no_compiler_drafts_on_w8a8_at_any_load():
+    for n in (1, 16):
+        r = recommend(None, "bfloat16", n, flags=VNNI, gpu=False, has_profile=True,
+                      int4_kernel=False)
+        assert r.spec["draft_weights"] == "w8a8"
+    one = recommend(None, "bfloat16", 1, flags=VNNI, gpu=False, has_profile=True,
+                    int4_kernel=False)
+    assert any("without a C compiler" in line and "install gcc" in line for line in one.reasons)
+
+
+def test_the_int4_kernel_is_looked_up_from_the_flags_and_the_compiler(monkeypatch):
+    from vllm_layerskip.core import int4_kernels
+
+    monkeypatch.setattr(int4_kernels, "compiler", lambda: "/usr/bin/gcc")
+    assert recommend(None, "bfloat16", 1, flags=VNNI, gpu=False,
+                     has_profile=True).spec["draft_weights"] == "int4"
+    monkeypatch.setattr(int4_kernels, "compiler", lambda: None)
+    assert recommend(None, "bfloat16", 1, flags=VNNI, gpu=False,
+                     has_profile=True).spec["draft_weights"] == "w8a8"
 
 
 def test_bf16_on_a_cpu_with_bf16_arithmetic_drafts_every_layer_at_4_bits():

@@ -5,13 +5,13 @@ read the same rule (`recommend()`), so the three cannot drift apart.
 
 The rule, from what was measured (benchmarks/RESULTS.md):
 - On a CPU with bf16 arithmetic (AVX512-BF16 or AMX), a bf16 model drafts
-  through every layer on a quantized copy of its weights. With AVX512-VNNI,
-  w8a8 at any load: vLLM's int8 kernel reads its copy once per pass and as
-  fast as int4's at one token (Qwen2.5-Coder-1.5B, batch 1: 1.64x and 1.66x
-  plain against int4's 1.46x and 1.51x in the same runs; benchmarks/results/
-  2026-12-05/bench_20261205-142403.md). Without it: int4 where the batch is
-  small (torch's int4 kernel computes token by token: it pays for passes of up
-  to 4 tokens), w8a8 (FBGEMM) where many requests are in flight.
+  through every layer on a quantized copy of its weights: int4 while at most 4
+  requests are in flight (a pass of up to 4 tokens), w8a8 above (it reads its
+  copy once for a pass of any size). With AVX512-VNNI and a C compiler int4
+  runs the project's kernel (core/int4_kernels.py), a one-token pass at about
+  two thirds of w8a8's cost; without a compiler, w8a8 at any load (vLLM's int8
+  kernel drafts a token as fast as torch's int4 one: Qwen2.5-Coder-1.5B, batch 1,
+  1.64x against int4's 1.46x, benchmarks/results/2026-12-05/bench_20261205-142403.md).
 - Without bf16 arithmetic a bf16 step is compute-bound and no draft pays: the
   advice is float32, where a step is memory-bound again.
 - float32, and any GPU (the quantized copies are CPU kernels): the model's own
@@ -27,6 +27,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from vllm_layerskip.core import int4_kernels
 from vllm_layerskip.core.cpu_dtype import BF16_ARITHMETIC_FLAGS, VNNI_FLAG, cpu_flags
 
 NUM_SPECULATIVE_TOKENS = 8
@@ -77,11 +78,12 @@ def _on_gpu() -> bool:
 
 def recommend(model: str | None = None, dtype: str | None = None, max_concurrency: int = 1,
               flags: set[str] | None = None, gpu: bool | None = None,
-              has_profile: bool | None = None) -> Recommendation:
+              has_profile: bool | None = None, int4_kernel: bool | None = None) -> Recommendation:
     """The recommended speculative config for `model` (a checkpoint directory,
     or None) served in `dtype` (None: the checkpoint's own) with up to
-    `max_concurrency` requests in flight. `flags`, `gpu`, `has_profile`:
-    what this machine and the model have (None: looked up)."""
+    `max_concurrency` requests in flight. `flags`, `gpu`, `has_profile`,
+    `int4_kernel` (the project's int4 kernel runs here): what this machine and
+    the model have (None: looked up)."""
     gpu = _on_gpu() if gpu is None else gpu
     flags = cpu_flags() if flags is None and not gpu else flags
     has_profile = _shipped_profile(model) if has_profile is None else has_profile
@@ -99,16 +101,22 @@ def recommend(model: str | None = None, dtype: str | None = None, max_concurrenc
     spec = {"num_speculative_tokens": NUM_SPECULATIVE_TOKENS}
     if not gpu and dtype == "bfloat16":
         vnni = VNNI_FLAG in flags
-        scheme = "w8a8" if vnni or max_concurrency > INT4_MAX_CONCURRENCY else "int4"
+        int4_kernel = int4_kernels.can_run(flags) if int4_kernel is None else int4_kernel
+        many = max_concurrency > INT4_MAX_CONCURRENCY
+        scheme = "w8a8" if many or (vnni and not int4_kernel) else "int4"
         spec = {"method": "quantized", **spec, "draft_weights": scheme}
         reasons.append("CPU with bf16 arithmetic, bf16: every layer drafts, reading a "
                        "quantized copy of its weights (no skip set; the model's own weights "
                        "verify)")
-        if vnni:
-            why = ("AVX512-VNNI: vLLM's int8 kernel drafts a token as fast as int4 and reads "
-                   "its weights once for a whole pass, at any number of requests in flight")
+        if scheme == "int4" and int4_kernel:
+            why = (f"{max_concurrency} request(s) in flight, AVX512-VNNI: the project's int4 "
+                   "kernel drafts a token at about two thirds of w8a8's cost (passes of up to "
+                   "4 tokens)")
         elif scheme == "int4":
             why = f"{max_concurrency} request(s) in flight (int4 pays for passes of up to 4 tokens)"
+        elif not many:
+            why = ("AVX512-VNNI without a C compiler for the project's int4 kernel: vLLM's int8 "
+                   "kernel drafts a token as fast as torch's int4 one (install gcc for int4)")
         else:
             why = (f"{max_concurrency} request(s) in flight (over {INT4_MAX_CONCURRENCY}: w8a8 "
                    "reads its weights once for a whole pass)")
