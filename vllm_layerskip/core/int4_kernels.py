@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from vllm_layerskip.core import draft_weights_cache
+from vllm_layerskip.core import draft_weights_cache, kernel_choice
 from vllm_layerskip.core.cpu_dtype import VNNI_FLAG, cpu_flags
 from vllm_layerskip.core.errors import LayerSkipConfigError
 
@@ -46,10 +46,7 @@ ROWS, COLS, MAX_PASS = 4, 128, 4  # the kernel's tile and the tokens of one call
 
 def choose(dtype: torch.dtype, out_features: int, in_features: int) -> str:
     """"vnni" where the project's kernel serves this weight on this CPU, else "torch"."""
-    forced = os.environ.get(ENV, "")
-    if forced and forced not in KERNELS:
-        raise LayerSkipConfigError(f"{ENV}={forced!r}: must be one of {', '.join(KERNELS)} "
-                                   "(or unset, to pick by CPU and shape).")
+    forced = kernel_choice.forced(ENV, KERNELS, "CPU and shape")
     if forced == "torch":
         return "torch"
     # bf16 only: it keeps steps and zeros in bf16 and rounds its output to bf16,

@@ -22,11 +22,11 @@ Two kernels read the same stored copy (int8 values, a scale a row):
 from __future__ import annotations
 
 import functools
-import os
 import warnings
 
 import torch
 
+from vllm_layerskip.core import kernel_choice
 from vllm_layerskip.core.cpu_dtype import VNNI_FLAG, cpu_flags
 from vllm_layerskip.core.errors import LayerSkipConfigError
 
@@ -36,10 +36,7 @@ ENV = "VLLM_LAYERSKIP_W8A8_KERNEL"
 
 def choose(dtype: torch.dtype, out_features: int, in_features: int) -> str:
     """"vnni" where vLLM's int8 kernel serves this weight and dtype, else "fbgemm"."""
-    forced = os.environ.get(ENV, "")
-    if forced and forced not in KERNELS:
-        raise LayerSkipConfigError(f"{ENV}={forced!r}: must be one of {', '.join(KERNELS)} "
-                                   "(or unset, to pick by CPU and dtype).")
+    forced = kernel_choice.forced(ENV, KERNELS, "CPU and dtype")
     if forced == "fbgemm":
         return "fbgemm"
     # The kernel's tiles: 16 output rows, inputs in blocks of 32 (vLLM's own check).
