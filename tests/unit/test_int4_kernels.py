@@ -124,3 +124,19 @@ def test_a_cpu_without_vnni_gets_torchs_kernel(monkeypatch):
         assert int4_kernels.choose(torch.bfloat16, 96, 384) == "torch"
     finally:
         int4_kernels.library.cache_clear()
+
+
+def test_without_a_compiler_torchs_kernel_runs_and_the_log_says_what_to_install(monkeypatch,
+                                                                                caplog):
+    monkeypatch.setattr(int4_kernels, "cpu_flags", lambda: set(int4_kernels.NEEDS))
+    monkeypatch.setenv("CC", "no-such-compiler-here")
+    monkeypatch.delenv(int4_kernels.ENV, raising=False)
+    int4_kernels.library.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger=int4_kernels.__name__):
+            assert int4_kernels.library() is None
+        assert "could not build core/int4_vnni.c" in caplog.text
+        assert "Install gcc, or set CC" in caplog.text
+        assert QuantizedLinear(layer_of(96, 384, torch.bfloat16, False), "int4").kernel == "torch"
+    finally:
+        int4_kernels.library.cache_clear()
