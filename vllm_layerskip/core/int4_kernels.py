@@ -1,16 +1,16 @@
 """The kernels behind `"draft_weights": "int4"`: the same stored copy (4-bit
-values, a step and a low per 32 weights of a row) read by one of two kernels.
+values, a step and a zero per 32 weights of a row) read by one of two kernels.
 
 - "vnni": the project's own (core/int4_vnni.c), built with the C compiler on
   first use and kept beside the draft-weight copies: activations rounded to
   8 bits per 32 columns as each pass runs, multiplied with AVX512-VNNI integer
   dot products. Qwen2.5-Coder-1.5B's 112 linears at 1 / 2 / 4 tokens took
-  33 / 37 / 48 ms against torch's 60 / 62 / 69 ms on the 2-core AVX512 Xeon,
-  where streaming their 0.82 GB takes 30 ms (benchmarks/kernels/bench_draft_linears.py).
+  34 / 40 / 62 ms against torch's 54 / 62 / 79 ms on the 2-core AVX512 Xeon
+  (benchmarks/kernels/bench_draft_linears.py; results/2026-12-07/draft_linears_20261207.md).
   Its drafts are a little less exact: ~0.65% of a linear's output norm on
   top of the weights' rounding, against ~0.17% for torch's kernel.
-- "torch": torch's `_weight_int4pack_mm_for_cpu`, for every other CPU, shape
-  or where no compiler is found.
+- "torch": torch's `_weight_int4pack_mm_for_cpu`, for float32, other CPUs and
+  shapes, or where no compiler is found.
 
 `VLLM_LAYERSKIP_INT4_KERNEL=torch` forces the second (to compare them).
 """

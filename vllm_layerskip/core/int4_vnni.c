@@ -3,8 +3,8 @@
 // multiplied with AVX512-VNNI integer dot products. torch's CPU int4 kernel
 // turns each weight into a float before multiplying, and that work, not the
 // bytes, set its pace: Qwen2.5-Coder-1.5B's 112 linears (0.82 GB at 4 bits)
-// took 60 ms at one token on the 2-core AVX512 Xeon, against the 30 ms the
-// memory streams them in; this one 33 ms (benchmarks/kernels/bench_draft_linears.py).
+// took 54 ms at one token on the 2-core AVX512 Xeon, this one 34 ms
+// (benchmarks/kernels/bench_draft_linears.py).
 //
 // Layout (int4_kernels.tile):
 //   w:  [n/4][k/128][4 rows][64 bytes]  a row's 128 columns, two a byte
