@@ -140,3 +140,22 @@ def test_without_a_compiler_torchs_kernel_runs_and_the_log_says_what_to_install(
         assert QuantizedLinear(layer_of(96, 384, torch.bfloat16, False), "int4").kernel == "torch"
     finally:
         int4_kernels.library.cache_clear()
+
+
+def test_a_build_that_hangs_leaves_torchs_kernel_with_a_warning(monkeypatch, caplog):
+    import subprocess
+
+    monkeypatch.setattr(int4_kernels, "cpu_flags", lambda: set(int4_kernels.NEEDS))
+    monkeypatch.setenv("CC", "gcc-that-hangs")  # a path of its own in the kernels folder
+
+    def hangs(*args, **kwargs):
+        raise subprocess.TimeoutExpired(args[0], 120)
+
+    monkeypatch.setattr(int4_kernels.subprocess, "run", hangs)
+    int4_kernels.library.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger=int4_kernels.__name__):
+            assert int4_kernels.library() is None
+        assert "timed out after 120 seconds" in caplog.text
+    finally:
+        int4_kernels.library.cache_clear()

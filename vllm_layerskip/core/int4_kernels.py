@@ -104,7 +104,7 @@ def library() -> ctypes.CDLL | None:
         return None
     try:
         lib = ctypes.CDLL(str(_built()))
-    except (OSError, subprocess.CalledProcessError, FileNotFoundError) as e:
+    except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
         detail = getattr(e, "stderr", b"") or b""
         logger.warning("int4 draft weights: could not build core/int4_vnni.c (%s%s); torch's "
                        "slower kernel runs instead. Install gcc, or set CC.", e,
